@@ -1,0 +1,24 @@
+// spmd_main: the top of every autoaccum process, which makes all ranks leave together.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autoaccum/comm/communicator.hpp"
+
+namespace autoaccum::cli {
+
+// Initialises MPI, builds the world communicator and runs `body` on every rank with the
+// command-line arguments after the program name (as left by MPI_Init_thread).
+//  - body returns: every rank returns that code.
+//  - body throws CollectiveError (every rank threw it together, see comm::collectively): rank 0
+//    prints the message once and every rank returns its exit code after MPI_Finalize.
+//  - any other exception: only this rank knows, and the others may be waiting in a collective,
+//    so the rank prints "rank R: ..." and calls MPI_Abort with the error's exit code, which ends
+//    every rank of the job.
+using SpmdBody =
+    std::function<int(comm::Communicator& world, const std::vector<std::string>& args)>;
+int spmd_main(int argc, char** argv, const SpmdBody& body);
+
+}  // namespace autoaccum::cli

@@ -1,0 +1,63 @@
+// The Communicator interface: the collectives autoaccum's training step needs, backend-neutral.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace autoaccum::comm {
+
+// Where the buffers handed to the data-plane all-reduce live.
+enum class MemoryKind { kHost, kDevice };
+
+// A communicator has two planes:
+//  - the data plane (`allreduce_sum` of float/double buffers): host memory for MPI, device
+//    memory for NCCL; each call is counted, so tests can assert one gradient collective per step;
+//  - the control plane (flags, broadcast, barrier): always host memory, always MPI.
+// Every collective must be entered by every rank of the communicator, in the same order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rank and size among the ranks on this node (MPI_COMM_TYPE_SHARED).
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  virtual std::string_view backend() const = 0;
+  virtual MemoryKind buffer_memory() const = 0;
+
+  // Data plane: in-place sum over ranks of `count` elements at `data`.
+  void allreduce_sum(float* data, std::size_t count);
+  void allreduce_sum(double* data, std::size_t count);
+
+  // Control plane: in-place element-wise max / sum / min of small host integer arrays.
+  virtual void allreduce_max(std::int64_t* values, std::size_t count) = 0;
+  virtual void allreduce_sum(std::int64_t* values, std::size_t count) = 0;
+  virtual void allreduce_min(std::int64_t* values, std::size_t count) = 0;
+  std::int64_t allreduce_max(std::int64_t value);
+  std::int64_t allreduce_sum(std::int64_t value);
+  std::int64_t allreduce_min(std::int64_t value);
+
+  // Control plane: copies `bytes` host bytes from `root` to every rank.
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  void broadcast(std::string& text, int root);
+  virtual void barrier() = 0;
+
+  // Number of data-plane all-reduce calls made so far on this rank.
+  std::uint64_t data_allreduce_calls() const noexcept { return data_allreduce_calls_; }
+
+ protected:
+  virtual void do_allreduce_sum(float* data, std::size_t count) = 0;
+  virtual void do_allreduce_sum(double* data, std::size_t count) = 0;
+
+ private:
+  std::uint64_t data_allreduce_calls_ = 0;
+};
+
+}  // namespace autoaccum::comm

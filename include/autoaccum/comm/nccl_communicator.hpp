@@ -1,0 +1,64 @@
+// NcclCommunicator: device-memory all-reduce through NCCL, bootstrapped and controlled over MPI.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "autoaccum/comm/communicator.hpp"
+#include "autoaccum/comm/mpi_communicator.hpp"
+
+namespace autoaccum::comm {
+
+// Collective construction over `control`: every rank checks for a GPU and the ranks agree (so a
+// missing GPU raises BackendUnavailable on every rank together); rank 0 makes the ncclUniqueId,
+// MPI_Bcast sends it; each rank takes the GPU numbered by its node-local rank; then
+// ncclCommInitRank. Waits poll ncclCommGetAsyncError and abort the communicator after `timeout`
+// instead of hanging. Flags, broadcast and barrier go through `control` (host memory).
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
+                            std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  ~NcclCommunicator() override;
+
+  int rank() const override { return control_->rank(); }
+  int size() const override { return control_->size(); }
+  int local_rank() const override { return control_->local_rank(); }
+  int local_size() const override { return control_->local_size(); }
+  std::string_view backend() const override { return "nccl"; }
+  MemoryKind buffer_memory() const override { return MemoryKind::kDevice; }
+
+  using Communicator::allreduce_max;
+  using Communicator::allreduce_min;
+  using Communicator::allreduce_sum;
+  using Communicator::broadcast;
+  void allreduce_max(std::int64_t* values, std::size_t count) override;
+  void allreduce_sum(std::int64_t* values, std::size_t count) override;
+  void allreduce_min(std::int64_t* values, std::size_t count) override;
+  void broadcast(void* data, std::size_t bytes, int root) override;
+  void barrier() override;
+
+  // The CUDA device this rank uses and the stream (a cudaStream_t) collectives run on. A caller
+  // that produced the buffer on another stream must order it before the all-reduce.
+  int device() const noexcept;
+  void* stream() const noexcept;
+
+  struct Impl;  // NCCL and CUDA handles; opaque so this header needs neither nccl.h nor CUDA.
+
+ protected:
+  void do_allreduce_sum(float* data, std::size_t count) override;
+  void do_allreduce_sum(double* data, std::size_t count) override;
+
+ private:
+  std::unique_ptr<MpiCommunicator> control_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Whether this build has the NCCL communicator.
+bool nccl_built() noexcept;
+// "2.28.9", or "not built".
+std::string nccl_version();
+// CUDA devices visible to this process; 0 when there is no driver, no GPU, or no CUDA in the build.
+int cuda_device_count() noexcept;
+
+}  // namespace autoaccum::comm

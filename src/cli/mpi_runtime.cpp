@@ -1,0 +1,30 @@
+// MpiRuntime: initialise once, finalize once.
+#include "autoaccum/cli/mpi_runtime.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace autoaccum::cli {
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "autoaccum: error: MPI_Init_thread failed\n");
+    std::exit(2);
+  }
+  if (provided < MPI_THREAD_FUNNELED) {
+    std::fprintf(stderr,
+                 "autoaccum: error: the MPI library does not provide MPI_THREAD_FUNNELED\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace autoaccum::cli

@@ -1,0 +1,57 @@
+// spmd_main: one place that decides how a failing rank takes the others down with it.
+#include "autoaccum/cli/spmd_main.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+
+#include "autoaccum/cli/mpi_runtime.hpp"
+#include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/core/error.hpp"
+
+namespace autoaccum::cli {
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+[[noreturn]] void abort_job(const char* what, ExitCode code) {
+  std::cerr << "autoaccum: rank " << world_rank() << ": error: " << what << std::endl;
+  std::cerr.flush();
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  std::_Exit(static_cast<int>(code));  // MPI_Abort does not return; be sure.
+}
+
+}  // namespace
+
+int spmd_main(int argc, char** argv, const SpmdBody& body) {
+  MpiRuntime mpi(&argc, &argv);
+  int code = 0;
+  {
+    std::unique_ptr<comm::MpiCommunicator> world;
+    try {
+      world = std::make_unique<comm::MpiCommunicator>();
+      const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
+      code = body(*world, args);
+    } catch (const CollectiveError& e) {
+      if (world_rank() == 0) std::cerr << "autoaccum: error: " << e.what() << std::endl;
+      code = static_cast<int>(e.exit_code());
+    } catch (const Error& e) {
+      abort_job(e.what(), e.exit_code());
+    } catch (const std::exception& e) {
+      abort_job(e.what(), ExitCode::kInternal);
+    } catch (...) {
+      abort_job("unknown exception", ExitCode::kInternal);
+    }
+  }
+  return code;
+}
+
+}  // namespace autoaccum::cli

@@ -1,0 +1,263 @@
+// NcclCommunicator: NCCL bootstrapped over MPI; never blocks forever on a collective.
+#include "autoaccum/comm/nccl_communicator.hpp"
+
+#include <string>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/error.hpp"
+
+#if AUTOACCUM_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <thread>
+#endif
+
+namespace autoaccum::comm {
+
+#if AUTOACCUM_HAVE_NCCL
+
+struct NcclCommunicator::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = -1;
+  std::chrono::milliseconds timeout{0};
+  bool aborted = false;
+};
+
+namespace {
+
+std::string nccl_text(ncclResult_t result) {
+  return ncclGetErrorString(result);
+}
+
+// Waits until `done()` or NCCL reports an error; aborts the communicator past the timeout so a
+// peer that died cannot leave this rank waiting forever.
+template <class Done>
+void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done done) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (done()) return;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(impl.comm, &state);
+    if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      const ncclResult_t bad = query != ncclSuccess ? query : state;
+      ncclCommAbort(impl.comm);
+      impl.aborted = true;
+      throw CommError("rank " + std::to_string(rank) + ": " + what + " failed: " + nccl_text(bad));
+    }
+    if (std::chrono::steady_clock::now() - start > impl.timeout) {
+      ncclCommAbort(impl.comm);
+      impl.aborted = true;
+      throw CommError("rank " + std::to_string(rank) + ": " + what + " did not complete within " +
+                      std::to_string(impl.timeout.count()) +
+                      " ms; the NCCL communicator was aborted (a peer rank may have died)");
+    }
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
+                                   std::chrono::milliseconds timeout)
+    : control_(std::move(control)), impl_(std::make_unique<Impl>()) {
+  impl_->timeout = timeout;
+  const int rank = control_->rank();
+
+  // Every rank must have its own GPU; agree before any NCCL call so all ranks fail together.
+  std::string problem;
+  int devices = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess) {
+    problem = std::string("no usable CUDA device (") + cudaGetErrorString(counted) + ")";
+    cudaGetLastError();  // clear the sticky error
+  } else if (devices == 0) {
+    problem = "no CUDA device";
+  } else if (control_->local_size() > devices) {
+    problem = std::to_string(control_->local_size()) + " ranks on this node but only " +
+              std::to_string(devices) + " GPU(s); NCCL needs one GPU per rank";
+  }
+  if (auto failure = agree_on_failure(*control_, problem)) {
+    throw BackendUnavailable("NCCL backend unavailable: rank " + std::to_string(failure->rank) +
+                             ": " + failure->message);
+  }
+
+  impl_->device = control_->local_rank();
+  std::string setup_problem;
+  if (cudaSetDevice(impl_->device) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    setup_problem = "cannot use CUDA device " + std::to_string(impl_->device) + ": " +
+                    cudaGetErrorString(cudaGetLastError());
+  }
+
+  // Rank 0 makes the id; its success travels with it so a failure there stops every rank.
+  struct {
+    std::int64_t ok;
+    ncclUniqueId id;
+  } bootstrap{};
+  if (rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&bootstrap.id);
+    bootstrap.ok = made == ncclSuccess ? 1 : 0;
+    if (made != ncclSuccess && setup_problem.empty()) {
+      setup_problem = "ncclGetUniqueId failed: " + nccl_text(made);
+    }
+  }
+  control_->broadcast(&bootstrap, sizeof bootstrap, 0);
+  if (!bootstrap.ok && setup_problem.empty()) setup_problem = "rank 0 could not make an NCCL id";
+  if (auto failure = agree_on_failure(*control_, setup_problem)) {
+    if (impl_->stream) cudaStreamDestroy(impl_->stream);
+    throw CommError("NCCL set-up failed on rank " + std::to_string(failure->rank) + ": " +
+                    failure->message);
+  }
+
+  // Non-blocking initialisation, so the wait below can time out instead of hanging.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  std::string init_problem;
+  const ncclResult_t started =
+      ncclCommInitRankConfig(&impl_->comm, control_->size(), bootstrap.id, rank, &config);
+  if (started != ncclSuccess && started != ncclInProgress) {
+    init_problem = "ncclCommInitRankConfig failed: " + nccl_text(started);
+  } else {
+    try {
+      wait_for(*impl_, "ncclCommInitRank", rank, [&] {
+        ncclResult_t state = ncclInProgress;
+        ncclCommGetAsyncError(impl_->comm, &state);
+        return state == ncclSuccess;
+      });
+    } catch (const CommError& e) {
+      init_problem = e.what();
+    }
+  }
+  if (auto failure = agree_on_failure(*control_, init_problem)) {
+    if (impl_->comm && !impl_->aborted) ncclCommAbort(impl_->comm);
+    impl_->comm = nullptr;
+    cudaStreamDestroy(impl_->stream);
+    throw CommError("NCCL communicator initialisation failed on rank " +
+                    std::to_string(failure->rank) + ": " + failure->message);
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (!impl_) return;
+  if (impl_->comm && !impl_->aborted) {
+    if (cudaSetDevice(impl_->device) == cudaSuccess) cudaStreamSynchronize(impl_->stream);
+    ncclCommDestroy(impl_->comm);
+  }
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+namespace {
+
+void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
+                      ncclDataType_t type) {
+  if (impl.aborted)
+    throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
+  if (count == 0) return;
+  const ncclResult_t issued =
+      ncclAllReduce(data, data, count, type, ncclSum, impl.comm, impl.stream);
+  if (issued != ncclSuccess && issued != ncclInProgress) {
+    throw CommError("rank " + std::to_string(rank) +
+                    ": ncclAllReduce failed: " + nccl_text(issued));
+  }
+  wait_for(impl, "ncclAllReduce", rank, [&] {
+    const cudaError_t state = cudaStreamQuery(impl.stream);
+    if (state == cudaSuccess) return true;
+    if (state != cudaErrorNotReady) {
+      throw CommError("rank " + std::to_string(rank) +
+                      ": CUDA stream error during ncclAllReduce: " + cudaGetErrorString(state));
+    }
+    return false;
+  });
+}
+
+}  // namespace
+
+void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count) {
+  device_allreduce(*impl_, rank(), data, count, ncclFloat32);
+}
+
+void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count) {
+  device_allreduce(*impl_, rank(), data, count, ncclFloat64);
+}
+
+int NcclCommunicator::device() const noexcept {
+  return impl_->device;
+}
+void* NcclCommunicator::stream() const noexcept {
+  return impl_->stream;
+}
+
+bool nccl_built() noexcept {
+  return true;
+}
+
+std::string nccl_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  // Since NCCL 2.9: major * 10000 + minor * 100 + patch.
+  return std::to_string(code / 10000) + "." + std::to_string(code % 10000 / 100) + "." +
+         std::to_string(code % 100);
+}
+
+int cuda_device_count() noexcept {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return devices;
+}
+
+#else  // !AUTOACCUM_HAVE_NCCL
+
+struct NcclCommunicator::Impl {};
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
+                                   std::chrono::milliseconds)
+    : control_(std::move(control)) {
+  throw BackendUnavailable(
+      "NCCL backend unavailable: this autoaccum was built without NCCL (configure with the CUDA "
+      "toolkit and NCCL present, or -DAUTOACCUM_WITH_NCCL=ON)");
+}
+
+NcclCommunicator::~NcclCommunicator() = default;
+void NcclCommunicator::do_allreduce_sum(float*, std::size_t) {}
+void NcclCommunicator::do_allreduce_sum(double*, std::size_t) {}
+int NcclCommunicator::device() const noexcept {
+  return -1;
+}
+void* NcclCommunicator::stream() const noexcept {
+  return nullptr;
+}
+bool nccl_built() noexcept {
+  return false;
+}
+std::string nccl_version() {
+  return "not built";
+}
+int cuda_device_count() noexcept {
+  return 0;
+}
+
+#endif
+
+// The control plane is MPI in both builds.
+void NcclCommunicator::allreduce_max(std::int64_t* values, std::size_t count) {
+  control_->allreduce_max(values, count);
+}
+void NcclCommunicator::allreduce_sum(std::int64_t* values, std::size_t count) {
+  control_->allreduce_sum(values, count);
+}
+void NcclCommunicator::allreduce_min(std::int64_t* values, std::size_t count) {
+  control_->allreduce_min(values, count);
+}
+void NcclCommunicator::broadcast(void* data, std::size_t bytes, int root) {
+  control_->broadcast(data, bytes, root);
+}
+void NcclCommunicator::barrier() {
+  control_->barrier();
+}
+
+}  // namespace autoaccum::comm

@@ -1,0 +1,65 @@
+"""The command line end to end: --version, help, and usage errors, under mpiexec."""
+import unittest
+
+from harness import autoaccum
+
+
+class Version(unittest.TestCase):
+    def test_every_version_line_once_under_two_ranks(self):
+        r = autoaccum(2, "--version")
+        self.assertEqual(r.returncode, 0, r)
+        lines = r.stdout.splitlines()
+        for prefix in ("autoaccum ", "LibTorch ", "BLAS ", "MPI ", "HDF5 ", "NCCL ", "Boost "):
+            matching = [line for line in lines if line.startswith(prefix)]
+            self.assertEqual(len(matching), 1, f"{prefix!r} should appear once\n{r}")
+        self.assertIn("Open MPI", r.stdout)
+        self.assertRegex(r.stdout, r"LibTorch\s+\d+\.\d+")
+        self.assertRegex(r.stdout, r"HDF5\s+1\.\d+\.\d+")
+        self.assertRegex(r.stdout, r"NCCL\s+(\d+\.\d+\.\d+|not built)")
+        self.assertIn("world     2 rank(s)", r.stdout)
+
+    def test_version_subcommand_matches_flag(self):
+        a = autoaccum(1, "--version")
+        b = autoaccum(1, "version")
+        self.assertEqual(a.returncode, 0, a)
+        self.assertEqual(a.stdout, b.stdout)
+
+
+class Help(unittest.TestCase):
+    def test_general_help_lists_commands(self):
+        r = autoaccum(1, "--help")
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("Usage: autoaccum <command>", r.stdout)
+        self.assertIn("version", r.stdout)
+
+    def test_help_per_subcommand(self):
+        for args in (("version", "--help"), ("help", "version")):
+            r = autoaccum(2, *args)
+            self.assertEqual(r.returncode, 0, r)
+            self.assertEqual(r.stdout.count("Usage: autoaccum version"), 1, r)
+
+
+class UsageErrors(unittest.TestCase):
+    def assert_one_line_error(self, r, *needles):
+        self.assertEqual(r.returncode, 1, r)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, f"one error line from rank 0 expected\n{r}")
+        for needle in needles:
+            self.assertIn(needle, errors[0])
+        self.assertLess(r.seconds, 30, r)
+
+    def test_no_command(self):
+        self.assert_one_line_error(autoaccum(2), "no command")
+
+    def test_unknown_command(self):
+        self.assert_one_line_error(autoaccum(2, "fly"), "unknown command 'fly'")
+
+    def test_unknown_option(self):
+        self.assert_one_line_error(autoaccum(3, "version", "--bogus"), "--bogus", "autoaccum version")
+
+    def test_help_for_unknown_command(self):
+        self.assert_one_line_error(autoaccum(2, "help", "fly"), "fly")
+
+
+if __name__ == "__main__":
+    unittest.main()

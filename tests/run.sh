@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, configures, builds and runs every test.
+# Its exit code is the verdict (CI runs it through .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./jobs/setup.sh
+jobs="$(nproc 2>/dev/null || echo 2)"
+cmake --preset default
+cmake --build --preset default -j "$jobs"
+ctest --preset default -j "$jobs" --timeout 600 "$@"
