@@ -7,12 +7,11 @@
 #include "autoaccum/cli/command.hpp"
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/error.hpp"
+#include "commands.hpp"
 
 namespace po = boost::program_options;
 
 namespace autoaccum::cli {
-namespace {
-
 Command version_command() {
   Command c;
   c.name = "version";
@@ -28,6 +27,8 @@ Command version_command() {
   };
   return c;
 }
+
+namespace {
 
 std::string general_help(const std::vector<Command>& commands) {
   std::ostringstream out;
@@ -54,6 +55,9 @@ const Command* find(const std::vector<Command>& commands, const std::string& nam
 
 std::vector<Command> all_commands() {
   std::vector<Command> commands;
+  commands.push_back(import_command());
+  commands.push_back(synth_command());
+  commands.push_back(inspect_command());
   commands.push_back(version_command());
   return commands;
 }

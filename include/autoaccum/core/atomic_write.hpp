@@ -1,0 +1,15 @@
+// write_atomically: a file appears whole at its path or not at all.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace autoaccum {
+
+// Calls `write(temporary_path)` (a name beside `path`, on the same file system) and renames the
+// result onto `path`. If `write` throws, the temporary is removed and `path` is untouched, so a
+// failure never leaves a half-written file nor damages the file already there.
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string&)>& write);
+
+}  // namespace autoaccum

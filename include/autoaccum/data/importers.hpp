@@ -1,0 +1,43 @@
+// Importers that write autoaccum training files: Fashion-MNIST from IDX files, synthetic data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace autoaccum::data {
+
+// The decoded contents of one gzip-compressed IDX file (unsigned byte data only).
+struct IdxArray {
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> values;
+};
+
+// Reads a gzip-compressed (or plain) IDX file of unsigned bytes; checks the magic number
+// (0x0000 08 NDIMS) and that the data length matches the header. InputError names the file.
+IdxArray read_idx(const std::string& path);
+
+// Writes fashion-mnist-train.h5 and fashion-mnist-test.h5 into `out_dir` from the IDX files in
+// `source_dir` (train-images-idx3-ubyte.gz, ...): x uint8 [N, 1, 28, 28], y int64 [N],
+// num_classes = 10, class_names. Each file is written to a temporary name and renamed.
+// Returns the paths written.
+std::vector<std::string> import_fashion_mnist(const std::string& source_dir,
+                                              const std::string& out_dir);
+
+struct SynthOptions {
+  std::string out;
+  std::int64_t rows = 0;
+  std::int64_t features = 0;
+  std::int64_t classes = 0;
+  std::uint64_t seed = 0;
+  double noise = 1.0;                   // standard deviation around each class centre
+  std::int64_t rows_per_write = 65536;  // bounds memory: a file larger than RAM can be made
+};
+
+// A learnable classification set, deterministic from the seed: each class has a random centre
+// (standard normal, scaled by 2), and each row is its class centre plus Gaussian noise.
+// x float32 [rows, features], y int64 [rows], num_classes; written in pieces of
+// rows_per_write rows to a temporary name, then renamed.
+void write_synthetic(const SynthOptions& options);
+
+}  // namespace autoaccum::data

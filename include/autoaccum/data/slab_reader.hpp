@@ -1,0 +1,67 @@
+// SlabReader: a training set of one or more HDF5 shard files, read as contiguous row slabs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autoaccum/data/batch.hpp"
+
+namespace autoaccum::data {
+
+enum class FieldType { kUInt8, kInt64, kFloat32 };
+std::string to_string(FieldType type);
+
+// One dataset of the training file: name, element type in the file, shape of one row.
+struct FieldSpec {
+  std::string name;
+  FieldType type;
+  std::vector<std::int64_t> row_shape;
+  bool is_target = false;
+};
+
+struct DataSchema {
+  std::vector<FieldSpec> fields;  // the inputs in --inputs order, then the target
+  std::int64_t rows = 0;          // over all shards
+  // Classes for integer targets: the `num_classes` attribute, or max label + 1.
+  std::optional<std::int64_t> num_classes;
+  const FieldSpec& target() const { return fields.back(); }
+  // One line per field, e.g. "x uint8 [60000, 1, 28, 28] (input)".
+  std::string describe() const;
+};
+
+// Expands each argument of --data: a glob (with *, ? or [) becomes its matches in name order;
+// a plain path stays as given. A glob that matches nothing is an InputError naming it.
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments);
+
+class SlabReader {
+ public:
+  // Opens every shard and checks the schema: the named datasets exist in every shard with the
+  // same types and row shapes; inputs and target have equal lengths; input types are uint8 or
+  // float32, the target int64 or float32; there is at least one row; integer labels lie in
+  // [0, num_classes). Each problem is an InputError that names the file and dataset.
+  SlabReader(std::vector<std::string> paths, std::vector<std::string> inputs, std::string target,
+             bool check_labels = true);
+  ~SlabReader();
+  SlabReader(SlabReader&&) noexcept;
+  SlabReader& operator=(SlabReader&&) noexcept;
+
+  const DataSchema& schema() const noexcept { return schema_; }
+  const std::vector<std::string>& paths() const noexcept { return paths_; }
+
+  // Rows [begin, end) of every field: one hyperslab read per dataset and shard touched, straight
+  // into the tensor's memory. uint8 inputs become float32 in [0, 1] (x / 255); int64 and float32
+  // keep their type. Safe to call from one background thread while the main thread trains.
+  Batch read(std::int64_t begin, std::int64_t end) const;
+
+ private:
+  struct Shard;
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<std::int64_t> shard_first_row_;  // global index of each shard's first row
+  DataSchema schema_;
+};
+
+}  // namespace autoaccum::data

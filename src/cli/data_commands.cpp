@@ -1,0 +1,150 @@
+// import, synth and inspect: the data subcommands. Rank 0 does the file work; every rank agrees.
+#include <iostream>
+#include <sstream>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/data/hdf5.hpp"
+#include "autoaccum/data/importers.hpp"
+#include "autoaccum/data/slab_reader.hpp"
+#include "commands.hpp"
+
+namespace po = boost::program_options;
+
+namespace autoaccum::cli {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+namespace {
+
+// Runs `work` on rank 0 only (two ranks writing one file would race); all ranks agree on errors.
+int on_root(comm::Communicator& world, const std::function<void()>& work) {
+  comm::collectively(world, [&] {
+    if (world.rank() == 0) work();
+  });
+  return 0;
+}
+
+}  // namespace
+
+Command import_command() {
+  Command c;
+  c.name = "import";
+  c.summary = "Convert a public data set into autoaccum training files (fashion-mnist).";
+  c.usage = "autoaccum import fashion-mnist [--source DIR] --out DIR";
+  c.options.add_options()("dataset", po::value<std::string>()->required()->value_name("NAME"),
+                          "data set to import: fashion-mnist")(
+      "source",
+      po::value<std::string>()
+          ->default_value("/usr/share/datasets/fashion-mnist")
+          ->value_name("DIR"),
+      "folder with the gzip IDX files (Debian package dataset-fashion-mnist)")(
+      "out", po::value<std::string>()->required()->value_name("DIR"),
+      "folder for fashion-mnist-train.h5 and fashion-mnist-test.h5 (created if missing)");
+  c.positional.add("dataset", 1);
+  c.run = [](const po::variables_map& vm, comm::Communicator& world) {
+    return on_root(world, [&] {
+      const std::string dataset = vm["dataset"].as<std::string>();
+      if (dataset != "fashion-mnist") {
+        throw UsageError("import: unknown data set '" + dataset + "' (known: fashion-mnist)");
+      }
+      for (const auto& path : data::import_fashion_mnist(vm["source"].as<std::string>(),
+                                                         vm["out"].as<std::string>())) {
+        data::SlabReader check({path}, {"x"}, "y");
+        std::cout << "wrote " << path << ": " << check.schema().rows << " rows, "
+                  << *check.schema().num_classes << " classes" << std::endl;
+      }
+    });
+  };
+  return c;
+}
+
+Command synth_command() {
+  Command c;
+  c.name = "synth";
+  c.summary = "Write a learnable synthetic classification set, deterministic from the seed.";
+  c.usage = "autoaccum synth --out FILE --rows N --features F --classes C [--seed S]";
+  c.options.add_options()("out", po::value<std::string>()->required()->value_name("FILE"),
+                          "HDF5 file to write (written to a temporary name, then renamed)")(
+      "rows", po::value<std::int64_t>()->required()->value_name("N"), "number of rows")(
+      "features", po::value<std::int64_t>()->required()->value_name("F"),
+      "features per row (x is float32 [N, F])")(
+      "classes", po::value<std::int64_t>()->required()->value_name("C"),
+      "number of classes (y is int64 [N])")(
+      "seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"), "random seed")(
+      "noise", po::value<double>()->default_value(1.0)->value_name("SIGMA"),
+      "standard deviation of the noise around each class centre");
+  c.run = [](const po::variables_map& vm, comm::Communicator& world) {
+    return on_root(world, [&] {
+      data::SynthOptions o;
+      o.out = vm["out"].as<std::string>();
+      o.rows = vm["rows"].as<std::int64_t>();
+      o.features = vm["features"].as<std::int64_t>();
+      o.classes = vm["classes"].as<std::int64_t>();
+      o.seed = vm["seed"].as<std::uint64_t>();
+      o.noise = vm["noise"].as<double>();
+      if (o.noise < 0) throw UsageError("synth: --noise must not be negative");
+      data::write_synthetic(o);
+      std::cout << "wrote " << o.out << ": " << o.rows << " rows x " << o.features << " features, "
+                << o.classes << " classes, seed " << o.seed << std::endl;
+    });
+  };
+  return c;
+}
+
+Command inspect_command() {
+  Command c;
+  c.name = "inspect";
+  c.summary = "Validate a training file and print its datasets, shapes, types and attributes.";
+  c.usage = "autoaccum inspect FILE [--inputs x] [--targets y]";
+  c.options.add_options()("file", po::value<std::string>()->required()->value_name("FILE"),
+                          "HDF5 training file")(
+      "inputs", po::value<std::string>()->default_value("x")->value_name("A[,B]"),
+      "input dataset(s)")("targets", po::value<std::string>()->default_value("y")->value_name("Y"),
+                          "target dataset");
+  c.positional.add("file", 1);
+  c.run = [](const po::variables_map& vm, comm::Communicator& world) {
+    return on_root(world, [&] {
+      const std::string path = vm["file"].as<std::string>();
+      auto file = hdf5::File::open(path);
+      std::cout << path << "\n  datasets:\n";
+      for (const auto& name : file.dataset_names()) {
+        const auto dataset = file.dataset(name);
+        std::ostringstream shape;
+        const auto dims = dataset.shape();
+        shape << "[";
+        for (std::size_t i = 0; i < dims.size(); ++i)
+          shape << (i ? ", " : "") << dims[i];
+        shape << "]";
+        const auto chunk = dataset.chunk_rows();
+        std::cout << "    " << name << "  " << dataset.dtype_name() << "  " << shape.str() << "  "
+                  << (chunk ? "chunked by " + std::to_string(chunk) + " rows"
+                            : std::string("contiguous"))
+                  << (dataset.filtered() ? ", compressed (slower slab reads)" : "") << "\n";
+      }
+      std::cout << "  attributes:\n";
+      for (const auto& name : file.attribute_names()) {
+        std::cout << "    " << name << " = " << file.describe_attribute(name) << "\n";
+      }
+      std::cout.flush();
+      const auto inputs = split_list(vm["inputs"].as<std::string>());
+      data::SlabReader reader({path}, inputs, vm["targets"].as<std::string>());
+      const auto& schema = reader.schema();
+      std::cout << "  valid training file: " << schema.rows << " rows, inputs "
+                << vm["inputs"].as<std::string>() << ", target " << schema.target().name;
+      if (schema.num_classes) std::cout << ", " << *schema.num_classes << " classes";
+      std::cout << std::endl;
+    });
+  };
+  return c;
+}
+
+}  // namespace autoaccum::cli

@@ -1,0 +1,109 @@
+// BatchPlan: pure arithmetic, the same on every rank.
+#include "autoaccum/data/batch_plan.hpp"
+
+#include <numeric>
+
+#include "autoaccum/core/error.hpp"
+
+namespace autoaccum::data {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias (rejection).
+std::uint64_t below(std::uint64_t bound, std::uint64_t& state) {
+  const std::uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+  std::uint64_t x = 0;
+  do
+    x = splitmix64(state);
+  while (x >= limit);
+  return x % bound;
+}
+
+}  // namespace
+
+Shuffle parse_shuffle(const std::string& text) {
+  if (text == "none") return Shuffle::kNone;
+  if (text == "batch") return Shuffle::kBatch;
+  throw UsageError("--shuffle: '" + text + "' is not one of batch, none");
+}
+
+std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::uint64_t state = seed;
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<std::int64_t>(below(static_cast<std::uint64_t>(i) + 1, state));
+    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
+  }
+  return order;
+}
+
+BatchPlan::BatchPlan(std::int64_t rows, std::int64_t global_batch, int world_size, Shuffle shuffle,
+                     std::uint64_t seed)
+    : rows_(rows),
+      global_batch_(global_batch),
+      world_size_(world_size),
+      shuffle_(shuffle),
+      seed_(seed) {
+  if (global_batch < 1) {
+    throw UsageError("--global-batch must be at least 1 (got " + std::to_string(global_batch) +
+                     ")");
+  }
+  if (rows < 1) throw InputError("the training data has no rows");
+  if (global_batch > rows) {
+    throw UsageError("--global-batch " + std::to_string(global_batch) +
+                     " is larger than the training data (" + std::to_string(rows) + " rows)");
+  }
+  if (world_size < 1 || world_size > global_batch) {
+    throw UsageError("--global-batch " + std::to_string(global_batch) + " gives " +
+                     std::to_string(world_size) +
+                     " ranks less than one row each: use at least as many rows as ranks");
+  }
+  batches_per_epoch_ = rows / global_batch;
+}
+
+const std::vector<std::int64_t>& BatchPlan::order(std::int64_t epoch) const {
+  if (cached_epoch_ != epoch) {
+    // Each epoch's permutation depends only on (seed, epoch), so a resumed run matches.
+    std::uint64_t state = seed_ ^ (0xA0761D6478BD642FULL * static_cast<std::uint64_t>(epoch + 1));
+    cached_order_ = permutation(batches_per_epoch_, splitmix64(state));
+    cached_epoch_ = epoch;
+  }
+  return cached_order_;
+}
+
+std::int64_t BatchPlan::batch_index(std::int64_t epoch, std::int64_t step) const {
+  if (epoch < 0 || step < 0 || step >= batches_per_epoch_) {
+    throw Error("BatchPlan: step " + std::to_string(step) + " of epoch " + std::to_string(epoch) +
+                " is outside an epoch of " + std::to_string(batches_per_epoch_) + " batches");
+  }
+  if (shuffle_ == Shuffle::kNone) return step;
+  return order(epoch)[static_cast<std::size_t>(step)];
+}
+
+RowRange BatchPlan::batch_rows(std::int64_t epoch, std::int64_t step) const {
+  const std::int64_t first = batch_index(epoch, step) * global_batch_;
+  return {first, first + global_batch_};
+}
+
+RowRange BatchPlan::rank_part(std::int64_t global_batch, int world_size, int rank) {
+  return {global_batch * rank / world_size, global_batch * (rank + 1) / world_size};
+}
+
+RowRange BatchPlan::rank_rows(std::int64_t epoch, std::int64_t step, int rank) const {
+  const RowRange batch = batch_rows(epoch, step);
+  const RowRange part = rank_part(global_batch_, world_size_, rank);
+  return {batch.begin + part.begin, batch.begin + part.end};
+}
+
+std::int64_t BatchPlan::max_rank_rows() const noexcept {
+  return (global_batch_ + world_size_ - 1) / world_size_;
+}
+
+}  // namespace autoaccum::data

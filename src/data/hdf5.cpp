@@ -1,0 +1,484 @@
+// HDF5 RAII layer: every C call checked, every failure an Hdf5Error that names file and dataset.
+#include "autoaccum/data/hdf5.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+namespace autoaccum::hdf5 {
+namespace {
+
+// Collects the innermost (first pushed) description of the error stack.
+herr_t innermost(unsigned n, const H5E_error2_t* error, void* data) {
+  auto* out = static_cast<std::string*>(data);
+  if (n == 0 && error && error->desc) *out = error->desc;
+  return 0;
+}
+
+[[noreturn]] void fail(const std::string& context) {
+  const std::string detail = last_error_message();
+  throw Hdf5Error(detail.empty() ? context : context + " (" + detail + ")");
+}
+
+template <class T>
+T check(T result, const std::string& context) {
+  if (result < 0) fail(context);
+  return result;
+}
+
+std::string quoted(const std::string& path) {
+  return "'" + path + "'";
+}
+
+// A clearer reason than HDF5's for the common ways opening a file fails.
+std::string why_cannot_open(const std::string& path) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) return std::strerror(errno);
+  if (S_ISDIR(info.st_mode)) return "it is a directory";
+  if (access(path.c_str(), R_OK) != 0) return "no read permission";
+  if (H5Fis_hdf5(path.c_str()) <= 0) return "not an HDF5 file (or truncated)";
+  return "";
+}
+
+}  // namespace
+
+ErrorSilencer::ErrorSilencer() {
+  H5Eget_auto2(H5E_DEFAULT, &function_, &data_);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+ErrorSilencer::~ErrorSilencer() {
+  H5Eset_auto2(H5E_DEFAULT, function_, data_);
+}
+
+std::string last_error_message() {
+  std::string message;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, &message);
+  return message;
+}
+
+Handle::Handle(const Handle& other) : id_(other.id_) {
+  if (id_ >= 0) H5Iinc_ref(id_);
+}
+
+Handle::~Handle() {
+  if (id_ >= 0) {
+    ErrorSilencer quiet;
+    H5Idec_ref(id_);
+  }
+}
+
+std::string to_string(DType type) {
+  switch (type) {
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kOther:
+      return "other";
+  }
+  return "other";
+}
+
+hid_t native_type(DType type) {
+  switch (type) {
+    case DType::kUInt8:
+      return H5T_NATIVE_UINT8;
+    case DType::kInt64:
+      return H5T_NATIVE_INT64;
+    case DType::kFloat32:
+      return H5T_NATIVE_FLOAT;
+    case DType::kFloat64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::kOther:
+      break;
+  }
+  throw Error("hdf5::native_type: no native type for 'other'");
+}
+
+// ---- File ----
+
+File File::open(const std::string& path, bool writable) {
+  ErrorSilencer quiet;
+  // Fail with our own reason first: HDF5's message for a directory or missing file is obscure.
+  const std::string reason = why_cannot_open(path);
+  if (!reason.empty()) throw Hdf5Error("cannot open " + quoted(path) + ": " + reason);
+  const hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) fail("cannot open " + quoted(path));
+  return File(path, Handle(id));
+}
+
+File File::create(const std::string& path) {
+  ErrorSilencer quiet;
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) fail("cannot create " + quoted(path));
+  return File(path, Handle(id));
+}
+
+namespace {
+
+// Whether `name` in the root group is a dataset; portable across HDF5 1.10 and 1.12+ (whose
+// H5Oget_info and H5Literate signatures differ), by opening the object and asking its type.
+bool is_dataset(hid_t file, const char* name) {
+  if (H5Lexists(file, name, H5P_DEFAULT) <= 0) return false;
+  const hid_t object = H5Oopen(file, name, H5P_DEFAULT);
+  if (object < 0) return false;
+  const bool dataset = H5Iget_type(object) == H5I_DATASET;
+  H5Oclose(object);
+  return dataset;
+}
+
+}  // namespace
+
+bool File::has_dataset(const std::string& name) const {
+  ErrorSilencer quiet;
+  return is_dataset(id(), name.c_str());
+}
+
+Dataset File::dataset(const std::string& name) const {
+  ErrorSilencer quiet;
+  if (!has_dataset(name)) {
+    throw Hdf5Error(quoted(path_) + " has no dataset '" + name + "'");
+  }
+  const hid_t d = H5Dopen2(id(), name.c_str(), H5P_DEFAULT);
+  if (d < 0) fail(quoted(path_) + ": cannot open dataset '" + name + "'");
+  return Dataset(path_, name, Handle(d));
+}
+
+std::vector<std::string> File::dataset_names() const {
+  ErrorSilencer quiet;
+  H5G_info_t info{};
+  check(H5Gget_info(id(), &info), "cannot list the datasets of " + quoted(path_));
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t length =
+        H5Lget_name_by_idx(id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (length < 0) continue;
+    std::string name(static_cast<std::size_t>(length), '\0');
+    H5Lget_name_by_idx(id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size() + 1,
+                       H5P_DEFAULT);
+    if (is_dataset(id(), name.c_str())) names.push_back(name);
+  }
+  return names;
+}
+
+Dataset File::create_dataset(const std::string& name, DType type,
+                             const std::vector<std::int64_t>& shape, std::int64_t chunk_rows,
+                             bool extendible) {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": cannot create dataset '" + name + "'";
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  std::vector<hsize_t> max_dims = dims;
+  if (extendible) {
+    if (chunk_rows <= 0) throw Error(where + ": an extendible dataset needs chunk_rows > 0");
+    max_dims[0] = H5S_UNLIMITED;
+  }
+  Handle space(
+      check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max_dims.data()), where));
+  Handle properties(check(H5Pcreate(H5P_DATASET_CREATE), where));
+  if (chunk_rows > 0) {
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = static_cast<hsize_t>(chunk_rows);
+    check(H5Pset_chunk(properties.id(), static_cast<int>(chunk.size()), chunk.data()), where);
+  }
+  const hid_t d = H5Dcreate2(id(), name.c_str(), native_type(type), space.id(), H5P_DEFAULT,
+                             properties.id(), H5P_DEFAULT);
+  if (d < 0) fail(where);
+  return Dataset(path_, name, Handle(d));
+}
+
+bool File::has_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  return H5Aexists(id(), name.c_str()) > 0;
+}
+
+std::int64_t File::read_int_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": attribute '" + name + "'";
+  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  Handle type(check(H5Aget_type(attribute.id()), where));
+  if (H5Tget_class(type.id()) != H5T_INTEGER) throw Hdf5Error(where + " is not an integer");
+  Handle space(check(H5Aget_space(attribute.id()), where));
+  if (H5Sget_simple_extent_npoints(space.id()) != 1) throw Hdf5Error(where + " is not a scalar");
+  std::int64_t value = 0;
+  check(H5Aread(attribute.id(), H5T_NATIVE_INT64, &value), where + " cannot be read");
+  return value;
+}
+
+namespace {
+
+std::vector<std::string> read_strings(hid_t attribute, const std::string& where) {
+  Handle type(check(H5Aget_type(attribute), where));
+  if (H5Tget_class(type.id()) != H5T_STRING) throw Hdf5Error(where + " is not a string");
+  Handle space(check(H5Aget_space(attribute), where));
+  const auto count =
+      static_cast<std::size_t>(check(H5Sget_simple_extent_npoints(space.id()), where));
+  std::vector<std::string> values;
+  if (H5Tis_variable_str(type.id()) > 0) {
+    Handle memory(check(H5Tcopy(H5T_C_S1), where));
+    check(H5Tset_size(memory.id(), H5T_VARIABLE), where);
+    check(H5Tset_cset(memory.id(), H5Tget_cset(type.id())), where);
+    std::vector<char*> pointers(count, nullptr);
+    check(H5Aread(attribute, memory.id(), pointers.data()), where + " cannot be read");
+    for (char* p : pointers)
+      values.emplace_back(p ? p : "");
+    H5Dvlen_reclaim(memory.id(), space.id(), H5P_DEFAULT, pointers.data());
+  } else {
+    const std::size_t size = H5Tget_size(type.id());
+    std::vector<char> buffer(size * count + 1, '\0');
+    check(H5Aread(attribute, type.id(), buffer.data()), where + " cannot be read");
+    for (std::size_t i = 0; i < count; ++i) {
+      const char* start = buffer.data() + i * size;
+      values.emplace_back(start, strnlen(start, size));
+    }
+  }
+  return values;
+}
+
+void write_attribute_raw(hid_t file, const std::string& path, const std::string& name, hid_t type,
+                         hid_t space, const void* data) {
+  const std::string where = quoted(path) + ": cannot write attribute '" + name + "'";
+  if (H5Aexists(file, name.c_str()) > 0) check(H5Adelete(file, name.c_str()), where);
+  Handle attribute(
+      check(H5Acreate2(file, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), where));
+  check(H5Awrite(attribute.id(), type, data), where);
+}
+
+}  // namespace
+
+std::string File::read_string_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": attribute '" + name + "'";
+  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  auto values = read_strings(attribute.id(), where);
+  if (values.size() != 1) throw Hdf5Error(where + " is not a single string");
+  return values.front();
+}
+
+std::vector<std::string> File::read_string_list_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": attribute '" + name + "'";
+  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  return read_strings(attribute.id(), where);
+}
+
+void File::write_attribute(const std::string& name, std::int64_t value) {
+  ErrorSilencer quiet;
+  Handle space(check(H5Screate(H5S_SCALAR), "H5Screate"));
+  write_attribute_raw(id(), path_, name, H5T_NATIVE_INT64, space.id(), &value);
+}
+
+void File::write_attribute(const std::string& name, double value) {
+  ErrorSilencer quiet;
+  Handle space(check(H5Screate(H5S_SCALAR), "H5Screate"));
+  write_attribute_raw(id(), path_, name, H5T_NATIVE_DOUBLE, space.id(), &value);
+}
+
+void File::write_attribute(const std::string& name, const std::string& value) {
+  write_attribute(name, std::vector<std::string>{value});
+}
+
+void File::write_attribute(const std::string& name, const std::vector<std::string>& values) {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": cannot write attribute '" + name + "'";
+  // Variable-length UTF-8 strings: h5py reads them as str.
+  Handle type(check(H5Tcopy(H5T_C_S1), where));
+  check(H5Tset_size(type.id(), H5T_VARIABLE), where);
+  check(H5Tset_cset(type.id(), H5T_CSET_UTF8), where);
+  std::vector<const char*> pointers;
+  for (const auto& v : values)
+    pointers.push_back(v.c_str());
+  const hsize_t count = values.size();
+  // A single string is stored as a scalar, so h5py gives str rather than an array.
+  Handle space(values.size() == 1 ? check(H5Screate(H5S_SCALAR), where)
+                                  : check(H5Screate_simple(1, &count, nullptr), where));
+  write_attribute_raw(id(), path_, name, type.id(), space.id(), pointers.data());
+}
+
+std::vector<std::string> File::attribute_names() const {
+  ErrorSilencer quiet;
+  std::vector<std::string> names;
+  H5Aiterate2(
+      id(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
+      [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
+        static_cast<std::vector<std::string>*>(data)->push_back(name);
+        return 0;
+      },
+      &names);
+  return names;
+}
+
+std::string File::describe_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": attribute '" + name + "'";
+  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  Handle type(check(H5Aget_type(attribute.id()), where));
+  Handle space(check(H5Aget_space(attribute.id()), where));
+  const auto count = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space.id()));
+  std::ostringstream out;
+  auto list = [&](const auto& values) {
+    if (values.size() != 1) out << "[";
+    for (std::size_t i = 0; i < values.size(); ++i)
+      out << (i ? ", " : "") << values[i];
+    if (values.size() != 1) out << "]";
+  };
+  switch (H5Tget_class(type.id())) {
+    case H5T_INTEGER: {
+      std::vector<std::int64_t> values(count);
+      check(H5Aread(attribute.id(), H5T_NATIVE_INT64, values.data()), where);
+      list(values);
+      break;
+    }
+    case H5T_FLOAT: {
+      std::vector<double> values(count);
+      check(H5Aread(attribute.id(), H5T_NATIVE_DOUBLE, values.data()), where);
+      list(values);
+      break;
+    }
+    case H5T_STRING:
+      list(read_strings(attribute.id(), where));
+      break;
+    default:
+      out << "(" << count << " value(s) of an unsupported type)";
+  }
+  return out.str();
+}
+
+void File::flush() {
+  ErrorSilencer quiet;
+  check(H5Fflush(id(), H5F_SCOPE_LOCAL), "cannot flush " + quoted(path_));
+}
+
+// ---- Dataset ----
+
+Dataset::Dataset(std::string file, std::string name, Handle handle)
+    : file_(std::move(file)), name_(std::move(name)), handle_(std::move(handle)) {}
+
+std::string Dataset::context(const std::string& what) const {
+  return "'" + file_ + "', dataset '" + name_ + "': " + what;
+}
+
+std::vector<std::int64_t> Dataset::shape() const {
+  ErrorSilencer quiet;
+  Handle space(check(H5Dget_space(handle_.id()), context("cannot read the shape")));
+  const int rank = check(H5Sget_simple_extent_ndims(space.id()), context("cannot read the shape"));
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  check(H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr),
+        context("cannot read the shape"));
+  return std::vector<std::int64_t>(dims.begin(), dims.end());
+}
+
+DType Dataset::dtype() const {
+  ErrorSilencer quiet;
+  Handle type(check(H5Dget_type(handle_.id()), context("cannot read the type")));
+  const H5T_class_t type_class = H5Tget_class(type.id());
+  const std::size_t size = H5Tget_size(type.id());
+  if (type_class == H5T_INTEGER) {
+    const bool is_signed = H5Tget_sign(type.id()) == H5T_SGN_2;
+    if (!is_signed && size == 1) return DType::kUInt8;
+    if (is_signed && size == 8) return DType::kInt64;
+  } else if (type_class == H5T_FLOAT) {
+    if (size == 4) return DType::kFloat32;
+    if (size == 8) return DType::kFloat64;
+  }
+  return DType::kOther;
+}
+
+std::string Dataset::dtype_name() const {
+  const DType known = dtype();
+  if (known != DType::kOther) return to_string(known);
+  ErrorSilencer quiet;
+  Handle type(check(H5Dget_type(handle_.id()), context("cannot read the type")));
+  const std::size_t bits = H5Tget_size(type.id()) * 8;
+  switch (H5Tget_class(type.id())) {
+    case H5T_INTEGER:
+      return (H5Tget_sign(type.id()) == H5T_SGN_2 ? "int" : "uint") + std::to_string(bits);
+    case H5T_FLOAT:
+      return "float" + std::to_string(bits);
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "variable-length";
+    default:
+      return "unsupported";
+  }
+}
+
+std::int64_t Dataset::chunk_rows() const {
+  ErrorSilencer quiet;
+  Handle properties(check(H5Dget_create_plist(handle_.id()), context("cannot read the layout")));
+  if (H5Pget_layout(properties.id()) != H5D_CHUNKED) return 0;
+  std::vector<hsize_t> chunk(32);
+  const int rank = H5Pget_chunk(properties.id(), static_cast<int>(chunk.size()), chunk.data());
+  return rank > 0 ? static_cast<std::int64_t>(chunk[0]) : 0;
+}
+
+bool Dataset::filtered() const {
+  ErrorSilencer quiet;
+  Handle properties(check(H5Dget_create_plist(handle_.id()), context("cannot read the layout")));
+  return H5Pget_nfilters(properties.id()) > 0;
+}
+
+void Dataset::read_rows(std::int64_t first, std::int64_t rows, DType type, void* out) const {
+  ErrorSilencer quiet;
+  const std::string where = context("cannot read rows [" + std::to_string(first) + ", " +
+                                    std::to_string(first + rows) + ")");
+  if (rows == 0) return;
+  Handle file_space(check(H5Dget_space(handle_.id()), where));
+  const int rank = check(H5Sget_simple_extent_ndims(file_space.id()), where);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  check(H5Sget_simple_extent_dims(file_space.id(), dims.data(), nullptr), where);
+  if (first < 0 || rows < 0 || static_cast<hsize_t>(first + rows) > dims[0]) {
+    throw Hdf5Error(where + ": the dataset has " + std::to_string(dims[0]) + " rows");
+  }
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  start[0] = static_cast<hsize_t>(first);
+  count[0] = static_cast<hsize_t>(rows);
+  check(H5Sselect_hyperslab(file_space.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                            nullptr),
+        where);
+  Handle memory_space(check(H5Screate_simple(rank, count.data(), nullptr), where));
+  check(H5Dread(handle_.id(), native_type(type), memory_space.id(), file_space.id(), H5P_DEFAULT,
+                out),
+        where);
+}
+
+void Dataset::write_rows(std::int64_t first, std::int64_t rows, DType type, const void* data) {
+  ErrorSilencer quiet;
+  const std::string where = context("cannot write rows [" + std::to_string(first) + ", " +
+                                    std::to_string(first + rows) + ")");
+  if (rows == 0) return;
+  Handle space(check(H5Dget_space(handle_.id()), where));
+  const int rank = check(H5Sget_simple_extent_ndims(space.id()), where);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  check(H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr), where);
+  if (static_cast<hsize_t>(first + rows) > dims[0]) {
+    dims[0] = static_cast<hsize_t>(first + rows);
+    check(H5Dset_extent(handle_.id(), dims.data()), where);
+    space = Handle(check(H5Dget_space(handle_.id()), where));
+  }
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  start[0] = static_cast<hsize_t>(first);
+  count[0] = static_cast<hsize_t>(rows);
+  check(
+      H5Sselect_hyperslab(space.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+      where);
+  Handle memory_space(check(H5Screate_simple(rank, count.data(), nullptr), where));
+  check(H5Dwrite(handle_.id(), native_type(type), memory_space.id(), space.id(), H5P_DEFAULT, data),
+        where);
+}
+
+}  // namespace autoaccum::hdf5

@@ -1,0 +1,201 @@
+// Importers: IDX (gzip through zlib) to HDF5, and a seeded synthetic classification set.
+#include "autoaccum/data/importers.hpp"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/data/hdf5.hpp"
+
+namespace autoaccum::data {
+namespace {
+
+// Reads exactly `bytes` or fails naming the file.
+void read_exactly(gzFile file, const std::string& path, void* out, std::size_t bytes,
+                  const char* what) {
+  auto* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const unsigned piece = static_cast<unsigned>(std::min<std::size_t>(bytes, 1u << 30));
+    const int got = gzread(file, p, piece);
+    if (got <= 0) {
+      int code = 0;
+      const char* message = gzerror(file, &code);
+      throw InputError("'" + path + "': truncated " + what +
+                       (code != Z_OK && code != Z_STREAM_END ? std::string(" (") + message + ")"
+                                                             : std::string()));
+    }
+    p += got;
+    bytes -= static_cast<std::size_t>(got);
+  }
+}
+
+std::uint32_t big_endian(const unsigned char bytes[4]) {
+  return (std::uint32_t{bytes[0]} << 24) | (std::uint32_t{bytes[1]} << 16) |
+         (std::uint32_t{bytes[2]} << 8) | std::uint32_t{bytes[3]};
+}
+
+void ensure_directory(const std::string& dir) {
+  struct stat info {};
+  if (stat(dir.c_str(), &info) == 0) {
+    if (!S_ISDIR(info.st_mode)) throw InputError("--out: '" + dir + "' is not a directory");
+    return;
+  }
+  if (mkdir(dir.c_str(), 0755) != 0) {
+    throw InputError("--out: cannot create directory '" + dir + "': " + std::strerror(errno));
+  }
+}
+
+const std::vector<std::string> kFashionClasses = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                                  "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                                  "Bag",         "Ankle boot"};
+
+// SplitMix64 stream plus Box-Muller: portable and reproducible from the seed.
+class Random {
+ public:
+  explicit Random(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
+  double normal() {
+    const double r = std::sqrt(-2.0 * std::log(uniform()));
+    return r * std::cos(6.283185307179586 * uniform());
+  }
+  std::int64_t below(std::int64_t bound) {
+    return static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(bound));
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (!file) throw InputError("cannot open '" + path + "': " + std::strerror(errno));
+  struct Closer {
+    gzFile f;
+    ~Closer() { gzclose(f); }
+  } closer{file};
+  unsigned char magic[4];
+  read_exactly(file, path, magic, 4, "header");
+  if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] < 1 || magic[3] > 4) {
+    throw InputError("'" + path + "' is not an IDX file of unsigned bytes (magic number " +
+                     std::to_string(big_endian(magic)) + ")");
+  }
+  IdxArray array;
+  std::size_t count = 1;
+  for (int d = 0; d < magic[3]; ++d) {
+    unsigned char size[4];
+    read_exactly(file, path, size, 4, "header");
+    array.shape.push_back(big_endian(size));
+    count *= big_endian(size);
+  }
+  array.values.resize(count);
+  read_exactly(file, path, array.values.data(), count, "data");
+  unsigned char extra = 0;
+  if (gzread(file, &extra, 1) > 0) {
+    throw InputError("'" + path + "' has more data than its header says (" + std::to_string(count) +
+                     " bytes)");
+  }
+  return array;
+}
+
+std::vector<std::string> import_fashion_mnist(const std::string& source_dir,
+                                              const std::string& out_dir) {
+  ensure_directory(out_dir);
+  struct Split {
+    const char* prefix;
+    const char* out;
+  };
+  std::vector<std::string> written;
+  for (const Split split :
+       {Split{"train", "fashion-mnist-train.h5"}, Split{"t10k", "fashion-mnist-test.h5"}}) {
+    const std::string images_path = source_dir + "/" + split.prefix + "-images-idx3-ubyte.gz";
+    const std::string labels_path = source_dir + "/" + split.prefix + "-labels-idx1-ubyte.gz";
+    const IdxArray images = read_idx(images_path);
+    const IdxArray labels = read_idx(labels_path);
+    if (images.shape.size() != 3 || labels.shape.size() != 1) {
+      throw InputError("'" + images_path + "' must be 3-D images and '" + labels_path +
+                       "' 1-D labels");
+    }
+    if (images.shape[0] != labels.shape[0]) {
+      throw InputError("'" + images_path + "' has " + std::to_string(images.shape[0]) +
+                       " images but '" + labels_path + "' has " + std::to_string(labels.shape[0]) +
+                       " labels");
+    }
+    std::vector<std::int64_t> y(labels.values.begin(), labels.values.end());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      if (y[i] >= static_cast<std::int64_t>(kFashionClasses.size())) {
+        throw InputError("'" + labels_path + "': label " + std::to_string(y[i]) + " at row " +
+                         std::to_string(i) + " is not a Fashion-MNIST class (0-9)");
+      }
+    }
+    const std::string out = out_dir + "/" + split.out;
+    write_atomically(out, [&](const std::string& temporary) {
+      auto file = hdf5::File::create(temporary);
+      const std::int64_t n = images.shape[0];
+      file.create_dataset("x", hdf5::DType::kUInt8, {n, 1, images.shape[1], images.shape[2]})
+          .write_rows(0, n, hdf5::DType::kUInt8, images.values.data());
+      file.create_dataset("y", hdf5::DType::kInt64, {n})
+          .write_rows(0, n, hdf5::DType::kInt64, y.data());
+      file.write_attribute("num_classes", std::int64_t{10});
+      file.write_attribute("class_names", kFashionClasses);
+      file.write_attribute("source", images_path);
+    });
+    written.push_back(out);
+  }
+  return written;
+}
+
+void write_synthetic(const SynthOptions& o) {
+  if (o.rows < 1) throw UsageError("synth: --rows must be at least 1");
+  if (o.features < 1) throw UsageError("synth: --features must be at least 1");
+  if (o.classes < 2) throw UsageError("synth: --classes must be at least 2");
+  if (o.rows_per_write < 1) throw UsageError("synth: rows per write must be at least 1");
+  Random centres_random(o.seed);
+  std::vector<float> centres(static_cast<std::size_t>(o.classes * o.features));
+  for (auto& c : centres)
+    c = static_cast<float>(2.0 * centres_random.normal());
+  write_atomically(o.out, [&](const std::string& temporary) {
+    auto file = hdf5::File::create(temporary);
+    // Contiguous layout: the size is known, and slab reads of a contiguous dataset are one
+    // sequential read.
+    auto x = file.create_dataset("x", hdf5::DType::kFloat32, {o.rows, o.features});
+    auto y = file.create_dataset("y", hdf5::DType::kInt64, {o.rows});
+    // Each piece has its own stream, so the content does not depend on rows_per_write.
+    std::vector<float> xs;
+    std::vector<std::int64_t> ys;
+    for (std::int64_t first = 0; first < o.rows; first += o.rows_per_write) {
+      const std::int64_t count = std::min(o.rows_per_write, o.rows - first);
+      xs.resize(static_cast<std::size_t>(count * o.features));
+      ys.resize(static_cast<std::size_t>(count));
+      for (std::int64_t r = 0; r < count; ++r) {
+        Random row_random(o.seed ^
+                          (0xD1B54A32D192ED03ULL * static_cast<std::uint64_t>(first + r + 1)));
+        const std::int64_t label = row_random.below(o.classes);
+        ys[static_cast<std::size_t>(r)] = label;
+        for (std::int64_t f = 0; f < o.features; ++f) {
+          xs[static_cast<std::size_t>(r * o.features + f)] =
+              centres[static_cast<std::size_t>(label * o.features + f)] +
+              static_cast<float>(o.noise * row_random.normal());
+        }
+      }
+      x.write_rows(first, count, hdf5::DType::kFloat32, xs.data());
+      y.write_rows(first, count, hdf5::DType::kInt64, ys.data());
+    }
+    file.write_attribute("num_classes", o.classes);
+    file.write_attribute("seed", static_cast<std::int64_t>(o.seed));
+    file.write_attribute("generator", std::string("autoaccum synth"));
+  });
+}
+
+}  // namespace autoaccum::data

@@ -1,0 +1,282 @@
+// SlabReader: schema checks across shards, and slab reads straight into tensor memory.
+#include "autoaccum/data/slab_reader.hpp"
+
+#include <ATen/ATen.h>
+#include <glob.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/data/hdf5.hpp"
+
+namespace autoaccum::data {
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+std::string where(const std::string& file, const std::string& dataset) {
+  return "'" + file + "', dataset '" + dataset + "'";
+}
+
+at::ScalarType tensor_type(FieldType type) {
+  switch (type) {
+    case FieldType::kUInt8:
+      return at::kFloat;  // scaled to [0, 1]
+    case FieldType::kInt64:
+      return at::kLong;
+    case FieldType::kFloat32:
+      return at::kFloat;
+  }
+  return at::kFloat;
+}
+
+hdf5::DType file_type(FieldType type) {
+  switch (type) {
+    case FieldType::kUInt8:
+      return hdf5::DType::kUInt8;
+    case FieldType::kInt64:
+      return hdf5::DType::kInt64;
+    case FieldType::kFloat32:
+      return hdf5::DType::kFloat32;
+  }
+  return hdf5::DType::kFloat32;
+}
+
+}  // namespace
+
+std::string to_string(FieldType type) {
+  return hdf5::to_string(file_type(type));
+}
+
+std::string DataSchema::describe() const {
+  std::ostringstream out;
+  for (const auto& f : fields) {
+    std::vector<std::int64_t> shape{rows};
+    shape.insert(shape.end(), f.row_shape.begin(), f.row_shape.end());
+    out << f.name << " " << to_string(f.type) << " " << shape_text(shape)
+        << (f.is_target ? " (target)" : " (input)") << "\n";
+  }
+  if (num_classes) out << "classes " << *num_classes << "\n";
+  return out.str();
+}
+
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments) {
+  std::vector<std::string> paths;
+  for (const auto& argument : arguments) {
+    if (argument.find_first_of("*?[") == std::string::npos) {
+      paths.push_back(argument);
+      continue;
+    }
+    glob_t matches{};
+    const int status = glob(argument.c_str(), 0, nullptr, &matches);
+    if (status == 0) {
+      for (std::size_t i = 0; i < matches.gl_pathc; ++i)
+        paths.emplace_back(matches.gl_pathv[i]);
+    }
+    globfree(&matches);
+    if (status != 0) throw InputError("--data: '" + argument + "' matches no file");
+  }
+  if (paths.empty()) throw UsageError("--data: no training file given");
+  return paths;
+}
+
+struct SlabReader::Shard {
+  hdf5::File file;
+  std::vector<hdf5::Dataset> datasets;  // parallel to schema_.fields
+  std::int64_t rows = 0;
+};
+
+SlabReader::~SlabReader() = default;
+SlabReader::SlabReader(SlabReader&&) noexcept = default;
+SlabReader& SlabReader::operator=(SlabReader&&) noexcept = default;
+
+SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> inputs,
+                       std::string target, bool check_labels)
+    : paths_(std::move(paths)) {
+  if (paths_.empty()) throw UsageError("--data: no training file given");
+  if (inputs.empty()) throw UsageError("--inputs: no input dataset named");
+  std::vector<std::string> names = inputs;
+  names.push_back(target);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    for (std::size_t j = i + 1; j < names.size(); ++j) {
+      if (names[i] == names[j])
+        throw UsageError("dataset '" + names[i] + "' is named twice in --inputs/--targets");
+    }
+  }
+
+  std::optional<std::int64_t> declared_classes;
+  std::string declared_in;
+  for (const auto& path : paths_) {
+    auto shard = std::make_unique<Shard>(Shard{hdf5::File::open(path), {}, 0});
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[i];
+      const bool is_target = i + 1 == names.size();
+      if (!shard->file.has_dataset(name)) {
+        std::string known;
+        for (const auto& n : shard->file.dataset_names())
+          known += (known.empty() ? "" : ", ") + n;
+        throw InputError("'" + path + "' has no dataset '" + name + "'" +
+                         (known.empty() ? " (it has no datasets)" : " (it has: " + known + ")") +
+                         (is_target ? "; see --targets" : "; see --inputs"));
+      }
+      hdf5::Dataset dataset = shard->file.dataset(name);
+      const auto shape = dataset.shape();
+      if (shape.empty())
+        throw InputError(where(path, name) + " is a scalar; it needs a row dimension");
+      FieldType type;
+      switch (dataset.dtype()) {
+        case hdf5::DType::kUInt8:
+          if (is_target)
+            throw InputError(where(path, name) +
+                             " is uint8; targets must be int64 class labels or float32 values");
+          type = FieldType::kUInt8;
+          break;
+        case hdf5::DType::kInt64:
+          if (!is_target)
+            throw InputError(where(path, name) + " is int64; inputs must be uint8 or float32");
+          type = FieldType::kInt64;
+          break;
+        case hdf5::DType::kFloat32:
+          type = FieldType::kFloat32;
+          break;
+        default:
+          throw InputError(where(path, name) + " has unsupported type " + dataset.dtype_name() +
+                           (is_target ? "; targets must be int64 or float32"
+                                      : "; inputs must be uint8 or float32"));
+      }
+      FieldSpec spec{name, type, std::vector<std::int64_t>(shape.begin() + 1, shape.end()),
+                     is_target};
+      if (shard->datasets.empty()) {
+        shard->rows = shape[0];
+      } else if (shape[0] != shard->rows) {
+        throw InputError("'" + path + "': dataset '" + names[0] + "' has " +
+                         std::to_string(shard->rows) + " rows but '" + name + "' has " +
+                         std::to_string(shape[0]));
+      }
+      if (schema_.fields.size() < names.size()) {
+        schema_.fields.push_back(spec);
+      } else {
+        const FieldSpec& first = schema_.fields[i];
+        if (first.type != spec.type || first.row_shape != spec.row_shape) {
+          throw InputError(where(path, name) + " is " + to_string(spec.type) + " " +
+                           shape_text(spec.row_shape) + " per row but in '" + paths_.front() +
+                           "' it is " + to_string(first.type) + " " + shape_text(first.row_shape) +
+                           ": shards must agree");
+        }
+      }
+      shard->datasets.push_back(std::move(dataset));
+    }
+    if (schema_.target().type == FieldType::kInt64 && shard->file.has_attribute("num_classes")) {
+      const std::int64_t classes = shard->file.read_int_attribute("num_classes");
+      if (classes < 1)
+        throw InputError("'" + path + "': attribute num_classes is " + std::to_string(classes));
+      if (declared_classes && *declared_classes != classes) {
+        throw InputError("'" + path + "' says num_classes = " + std::to_string(classes) + " but '" +
+                         declared_in + "' says " + std::to_string(*declared_classes));
+      }
+      declared_classes = classes;
+      declared_in = path;
+    }
+    shard_first_row_.push_back(schema_.rows);
+    schema_.rows += shard->rows;
+    shards_.push_back(std::move(shard));
+  }
+  if (schema_.rows == 0) {
+    throw InputError(paths_.size() == 1
+                         ? "'" + paths_.front() + "': dataset '" + names[0] + "' has no rows"
+                         : "the training data has no rows in any of its " +
+                               std::to_string(paths_.size()) + " files");
+  }
+
+  if (schema_.target().type != FieldType::kInt64) return;
+  // Labels outside [0, num_classes) would index past the logits; check them all once, up front.
+  if (!schema_.target().row_shape.empty()) {
+    throw InputError(where(paths_.front(), target) +
+                     " holds int64 class labels, so it must be "
+                     "one-dimensional [rows], not " +
+                     shape_text(schema_.target().row_shape) + " per row");
+  }
+  std::int64_t max_label = -1;
+  if (check_labels || !declared_classes) {
+    const std::int64_t block = 1 << 20;
+    std::vector<std::int64_t> labels;
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      for (std::int64_t first = 0; first < shards_[s]->rows; first += block) {
+        const std::int64_t count = std::min(block, shards_[s]->rows - first);
+        labels.resize(static_cast<std::size_t>(count));
+        shards_[s]->datasets.back().read_rows(first, count, hdf5::DType::kInt64, labels.data());
+        for (std::int64_t k = 0; k < count; ++k) {
+          const std::int64_t label = labels[static_cast<std::size_t>(k)];
+          if (label < 0 || (declared_classes && label >= *declared_classes)) {
+            throw InputError(where(paths_[s], target) + ": label " + std::to_string(label) +
+                             " at row " + std::to_string(first + k) + " is outside [0, " +
+                             (declared_classes
+                                  ? std::to_string(*declared_classes) + ") (num_classes)"
+                                  : std::string("inf)")));
+          }
+          max_label = std::max(max_label, label);
+        }
+      }
+    }
+  }
+  schema_.num_classes = declared_classes ? *declared_classes : max_label + 1;
+}
+
+Batch SlabReader::read(std::int64_t begin, std::int64_t end) const {
+  if (begin < 0 || end > schema_.rows || begin > end) {
+    throw Error("SlabReader::read: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") outside the " + std::to_string(schema_.rows) + " rows of the training data");
+  }
+  const std::int64_t rows = end - begin;
+  Batch batch;
+  batch.first_row = begin;
+  // Shards touched: the last shard whose first row is <= begin, onwards.
+  const auto first_shard = static_cast<std::size_t>(
+      std::upper_bound(shard_first_row_.begin(), shard_first_row_.end(), begin) -
+      shard_first_row_.begin() - 1);
+  std::vector<std::uint8_t> raw;
+  for (std::size_t f = 0; f < schema_.fields.size(); ++f) {
+    const FieldSpec& field = schema_.fields[f];
+    std::vector<std::int64_t> shape{rows};
+    shape.insert(shape.end(), field.row_shape.begin(), field.row_shape.end());
+    at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(tensor_type(field.type)));
+    std::int64_t per_row = 1;
+    for (auto d : field.row_shape)
+      per_row *= d;
+    if (field.type == FieldType::kUInt8) raw.resize(static_cast<std::size_t>(rows * per_row));
+
+    std::int64_t done = 0;
+    for (std::size_t s = first_shard; done < rows && s < shards_.size(); ++s) {
+      const std::int64_t local_first = begin + done - shard_first_row_[s];
+      const std::int64_t count = std::min(rows - done, shards_[s]->rows - local_first);
+      if (count <= 0) continue;
+      if (field.type == FieldType::kUInt8) {
+        shards_[s]->datasets[f].read_rows(local_first, count, hdf5::DType::kUInt8,
+                                          raw.data() + done * per_row);
+      } else {
+        auto* out = static_cast<char*>(tensor.data_ptr()) + done * per_row * tensor.element_size();
+        shards_[s]->datasets[f].read_rows(local_first, count, file_type(field.type), out);
+      }
+      done += count;
+    }
+    if (field.type == FieldType::kUInt8) {
+      // A plain loop rather than ATen: this may run on the prefetch thread, where ATen's
+      // OpenMP parallelism would start a second thread team.
+      float* out = tensor.data_ptr<float>();
+      for (std::size_t i = 0; i < raw.size(); ++i)
+        out[i] = static_cast<float>(raw[i]) / 255.0f;
+    }
+    batch.add(field.name, std::move(tensor));
+  }
+  return batch;
+}
+
+}  // namespace autoaccum::data
