@@ -53,8 +53,18 @@ const Command* find(const std::vector<Command>& commands, const std::string& nam
 
 }  // namespace
 
+namespace {
+std::string g_command_line;
+}
+
+const std::string& command_line() {
+  return g_command_line;
+}
+
 std::vector<Command> all_commands() {
   std::vector<Command> commands;
+  commands.push_back(train_command());
+  commands.push_back(log_command());
   commands.push_back(import_command());
   commands.push_back(synth_command());
   commands.push_back(inspect_command());
@@ -64,6 +74,11 @@ std::vector<Command> all_commands() {
 
 int run_app(comm::Communicator& world, const std::vector<std::string>& args) {
   const std::vector<Command> commands = all_commands();
+  g_command_line = "autoaccum";
+  for (const auto& a : args) {
+    const bool plain = a.find_first_of(" \t'\"$*?") == std::string::npos && !a.empty();
+    g_command_line += " " + (plain ? a : "'" + a + "'");
+  }
   const bool root = world.rank() == 0;
 
   // The arguments are the same on every rank, so every rank reaches the same verdict here and

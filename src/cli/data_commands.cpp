@@ -4,9 +4,9 @@
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/error.hpp"
-#include "autoaccum/data/hdf5.hpp"
 #include "autoaccum/data/importers.hpp"
 #include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/hdf5/hdf5.hpp"
 #include "commands.hpp"
 
 namespace po = boost::program_options;

@@ -94,6 +94,18 @@ void MpiCommunicator::allreduce_min(std::int64_t* values, std::size_t count) {
   allreduce(values, count, MPI_INT64_T, sizeof(std::int64_t), MPI_MIN, "MPI_Allreduce(int64, min)");
 }
 
+void MpiCommunicator::allreduce_sum_host(double* values, std::size_t count) {
+  allreduce(values, count, MPI_DOUBLE, sizeof(double), MPI_SUM, "MPI_Allreduce(double, sum)");
+}
+
+void MpiCommunicator::allgather(const void* send, std::size_t bytes, void* receive) {
+  if (bytes > kMaxChunk)
+    throw CommError("allgather: " + std::to_string(bytes) + " bytes per rank is too many");
+  check_mpi(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, receive, static_cast<int>(bytes),
+                          MPI_BYTE, comm_),
+            "MPI_Allgather");
+}
+
 void MpiCommunicator::broadcast(void* data, std::size_t bytes, int root) {
   if (root < 0 || root >= size_) {
     throw CommError("broadcast: root " + std::to_string(root) + " is not a rank of a world of " +

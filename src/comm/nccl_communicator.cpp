@@ -253,6 +253,12 @@ void NcclCommunicator::allreduce_sum(std::int64_t* values, std::size_t count) {
 void NcclCommunicator::allreduce_min(std::int64_t* values, std::size_t count) {
   control_->allreduce_min(values, count);
 }
+void NcclCommunicator::allreduce_sum_host(double* values, std::size_t count) {
+  control_->allreduce_sum_host(values, count);
+}
+void NcclCommunicator::allgather(const void* send, std::size_t bytes, void* receive) {
+  control_->allgather(send, bytes, receive);
+}
 void NcclCommunicator::broadcast(void* data, std::size_t bytes, int root) {
   control_->broadcast(data, bytes, root);
 }

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "autoaccum/core/atomic_write.hpp"
-#include "autoaccum/data/hdf5.hpp"
+#include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::data {
 namespace {

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "autoaccum/core/error.hpp"
-#include "autoaccum/data/hdf5.hpp"
+#include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::data {
 namespace {

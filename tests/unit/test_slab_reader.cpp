@@ -8,9 +8,9 @@
 #include <numeric>
 
 #include "autoaccum/data/batch_plan.hpp"
-#include "autoaccum/data/hdf5.hpp"
 #include "autoaccum/data/importers.hpp"
 #include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::data {
 namespace {

@@ -44,6 +44,13 @@ class Communicator {
   std::int64_t allreduce_sum(std::int64_t value);
   std::int64_t allreduce_min(std::int64_t value);
 
+  // Control plane: in-place element-wise sum of host doubles (evaluation totals). Not counted
+  // as a data-plane call.
+  virtual void allreduce_sum_host(double* values, std::size_t count) = 0;
+  // Control plane: every rank's `bytes` host bytes, in rank order, into `receive`
+  // (size() * bytes bytes).
+  virtual void allgather(const void* send, std::size_t bytes, void* receive) = 0;
+
   // Control plane: copies `bytes` host bytes from `root` to every rank.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   void broadcast(std::string& text, int root);

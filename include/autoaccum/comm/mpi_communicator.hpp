@@ -29,6 +29,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce_max(std::int64_t* values, std::size_t count) override;
   void allreduce_sum(std::int64_t* values, std::size_t count) override;
   void allreduce_min(std::int64_t* values, std::size_t count) override;
+  void allreduce_sum_host(double* values, std::size_t count) override;
+  void allgather(const void* send, std::size_t bytes, void* receive) override;
   void broadcast(void* data, std::size_t bytes, int root) override;
   void barrier() override;
 

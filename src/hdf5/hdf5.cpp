@@ -1,9 +1,10 @@
 // HDF5 RAII layer: every C call checked, every failure an Hdf5Error that names file and dataset.
-#include "autoaccum/data/hdf5.hpp"
+#include "autoaccum/hdf5/hdf5.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -183,15 +184,66 @@ Dataset File::create_dataset(const std::string& name, DType type,
   Handle space(
       check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max_dims.data()), where));
   Handle properties(check(H5Pcreate(H5P_DATASET_CREATE), where));
+  Handle links(check(H5Pcreate(H5P_LINK_CREATE), where));
+  check(H5Pset_create_intermediate_group(links.id(), 1), where);
   if (chunk_rows > 0) {
     std::vector<hsize_t> chunk = dims;
     chunk[0] = static_cast<hsize_t>(chunk_rows);
     check(H5Pset_chunk(properties.id(), static_cast<int>(chunk.size()), chunk.data()), where);
   }
-  const hid_t d = H5Dcreate2(id(), name.c_str(), native_type(type), space.id(), H5P_DEFAULT,
+  const hid_t d = H5Dcreate2(id(), name.c_str(), native_type(type), space.id(), links.id(),
                              properties.id(), H5P_DEFAULT);
   if (d < 0) fail(where);
   return Dataset(path_, name, Handle(d));
+}
+
+void File::write_strings(const std::string& name, const std::vector<std::string>& values) {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": cannot write dataset '" + name + "'";
+  std::size_t width = 1;
+  for (const auto& v : values)
+    width = std::max(width, v.size());
+  std::vector<char> packed(width * values.size(), '\0');
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::copy(values[i].begin(), values[i].end(),
+              packed.begin() + static_cast<std::ptrdiff_t>(i * width));
+  }
+  if (H5Lexists(id(), name.c_str(), H5P_DEFAULT) > 0)
+    check(H5Ldelete(id(), name.c_str(), H5P_DEFAULT), where);
+  Handle type(check(H5Tcopy(H5T_C_S1), where));
+  check(H5Tset_size(type.id(), width), where);
+  const hsize_t count = values.size();
+  Handle space(check(H5Screate_simple(1, &count, nullptr), where));
+  Handle links(check(H5Pcreate(H5P_LINK_CREATE), where));
+  check(H5Pset_create_intermediate_group(links.id(), 1), where);
+  Handle dataset(check(
+      H5Dcreate2(id(), name.c_str(), type.id(), space.id(), links.id(), H5P_DEFAULT, H5P_DEFAULT),
+      where));
+  if (count > 0)
+    check(H5Dwrite(dataset.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, packed.data()), where);
+}
+
+std::vector<std::string> File::read_strings(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": cannot read dataset '" + name + "'";
+  Handle dataset(check(H5Dopen2(id(), name.c_str(), H5P_DEFAULT), where));
+  Handle type(check(H5Dget_type(dataset.id()), where));
+  if (H5Tget_class(type.id()) != H5T_STRING || H5Tis_variable_str(type.id()) > 0) {
+    throw Hdf5Error(where + ": not a fixed-length string dataset");
+  }
+  Handle space(check(H5Dget_space(dataset.id()), where));
+  const auto count =
+      static_cast<std::size_t>(check(H5Sget_simple_extent_npoints(space.id()), where));
+  const std::size_t width = H5Tget_size(type.id());
+  std::vector<char> packed(width * count + 1, '\0');
+  if (count > 0)
+    check(H5Dread(dataset.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, packed.data()), where);
+  std::vector<std::string> values;
+  for (std::size_t i = 0; i < count; ++i) {
+    const char* start = packed.data() + i * width;
+    values.emplace_back(start, strnlen(start, width));
+  }
+  return values;
 }
 
 bool File::has_attribute(const std::string& name) const {
@@ -214,7 +266,7 @@ std::int64_t File::read_int_attribute(const std::string& name) const {
 
 namespace {
 
-std::vector<std::string> read_strings(hid_t attribute, const std::string& where) {
+std::vector<std::string> read_attribute_strings(hid_t attribute, const std::string& where) {
   Handle type(check(H5Aget_type(attribute), where));
   if (H5Tget_class(type.id()) != H5T_STRING) throw Hdf5Error(where + " is not a string");
   Handle space(check(H5Aget_space(attribute), where));
@@ -257,7 +309,7 @@ std::string File::read_string_attribute(const std::string& name) const {
   ErrorSilencer quiet;
   const std::string where = quoted(path_) + ": attribute '" + name + "'";
   Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
-  auto values = read_strings(attribute.id(), where);
+  auto values = read_attribute_strings(attribute.id(), where);
   if (values.size() != 1) throw Hdf5Error(where + " is not a single string");
   return values.front();
 }
@@ -266,7 +318,7 @@ std::vector<std::string> File::read_string_list_attribute(const std::string& nam
   ErrorSilencer quiet;
   const std::string where = quoted(path_) + ": attribute '" + name + "'";
   Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
-  return read_strings(attribute.id(), where);
+  return read_attribute_strings(attribute.id(), where);
 }
 
 void File::write_attribute(const std::string& name, std::int64_t value) {
@@ -281,13 +333,12 @@ void File::write_attribute(const std::string& name, double value) {
   write_attribute_raw(id(), path_, name, H5T_NATIVE_DOUBLE, space.id(), &value);
 }
 
-void File::write_attribute(const std::string& name, const std::string& value) {
-  write_attribute(name, std::vector<std::string>{value});
-}
+namespace {
 
-void File::write_attribute(const std::string& name, const std::vector<std::string>& values) {
+void write_string_attribute(hid_t file, const std::string& path, const std::string& name,
+                            const std::vector<std::string>& values, bool scalar) {
   ErrorSilencer quiet;
-  const std::string where = quoted(path_) + ": cannot write attribute '" + name + "'";
+  const std::string where = quoted(path) + ": cannot write attribute '" + name + "'";
   // Variable-length UTF-8 strings: h5py reads them as str.
   Handle type(check(H5Tcopy(H5T_C_S1), where));
   check(H5Tset_size(type.id(), H5T_VARIABLE), where);
@@ -296,10 +347,19 @@ void File::write_attribute(const std::string& name, const std::vector<std::strin
   for (const auto& v : values)
     pointers.push_back(v.c_str());
   const hsize_t count = values.size();
-  // A single string is stored as a scalar, so h5py gives str rather than an array.
-  Handle space(values.size() == 1 ? check(H5Screate(H5S_SCALAR), where)
-                                  : check(H5Screate_simple(1, &count, nullptr), where));
-  write_attribute_raw(id(), path_, name, type.id(), space.id(), pointers.data());
+  Handle space(scalar ? check(H5Screate(H5S_SCALAR), where)
+                      : check(H5Screate_simple(1, &count, nullptr), where));
+  write_attribute_raw(file, path, name, type.id(), space.id(), pointers.data());
+}
+
+}  // namespace
+
+void File::write_attribute(const std::string& name, const std::string& value) {
+  write_string_attribute(id(), path_, name, {value}, /*scalar=*/true);
+}
+
+void File::write_attribute(const std::string& name, const std::vector<std::string>& values) {
+  write_string_attribute(id(), path_, name, values, /*scalar=*/false);
 }
 
 std::vector<std::string> File::attribute_names() const {
@@ -343,7 +403,7 @@ std::string File::describe_attribute(const std::string& name) const {
       break;
     }
     case H5T_STRING:
-      list(read_strings(attribute.id(), where));
+      list(read_attribute_strings(attribute.id(), where));
       break;
     default:
       out << "(" << count << " value(s) of an unsupported type)";

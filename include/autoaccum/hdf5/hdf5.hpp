@@ -81,8 +81,13 @@ class File {
   // Names of the datasets in the root group, in name order.
   std::vector<std::string> dataset_names() const;
 
-  // Creates a dataset of `type` with the given shape; dimension 0 is extendible (unlimited) when
-  // `extendible`, and chunked by `chunk_rows` rows (0: contiguous layout, fixed size only).
+  // A 1-D dataset of fixed-length strings (h5py reads bytes), replacing any dataset of that name.
+  void write_strings(const std::string& name, const std::vector<std::string>& values);
+  std::vector<std::string> read_strings(const std::string& name) const;
+
+  // Creates a dataset (intermediate groups too, e.g. "steps/loss") of `type` with the given shape;
+  // dimension 0 is extendible (unlimited) when `extendible`, and chunked by `chunk_rows` rows (0:
+  // contiguous layout, fixed size only).
   Dataset create_dataset(const std::string& name, DType type,
                          const std::vector<std::int64_t>& shape, std::int64_t chunk_rows = 0,
                          bool extendible = false);

@@ -1,0 +1,114 @@
+// The HDF5 run log: what micro-batch each step used, every OOM, evaluations, per-rank figures.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace autoaccum::io {
+
+inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
+inline constexpr std::int64_t kRunLogSchemaVersion = 1;
+
+struct StepRow {
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t accumulation = 0;  // micro-batches on rank 0
+  double loss = 0;
+  double lr = 0;
+  double step_seconds = 0;
+  double samples_per_second = 0;
+  std::int64_t oom_retries = 0;
+  double data_wait_seconds = 0;  // time rank 0 waited for the prefetcher in this step
+  std::int64_t peak_bytes = 0;   // the largest peak over the ranks, so far
+};
+
+struct OomRow {
+  std::int64_t step = 0;
+  std::int64_t rank = 0;
+  std::int64_t micro_batch = 0;       // the size that did not fit
+  std::int64_t next_micro_batch = 0;  // the size tried next (0: none, the run stopped)
+};
+
+struct EvalRow {
+  std::int64_t step = 0;
+  double loss = 0;
+  double accuracy = 0;  // NaN for regression
+};
+
+struct RunLogHeader {
+  std::int64_t world_size = 1;
+  std::int64_t global_batch = 0;
+  std::string micro_batch_mode;  // "auto" or "fixed"
+  std::string command_line;
+  std::string started_at;                                 // ISO 8601 UTC
+  std::vector<std::string> hostnames;                     // one per rank
+  std::vector<std::pair<std::string, std::string>> text;  // more root attributes
+  std::vector<std::pair<std::string, double>> numbers;    // more root attributes
+};
+
+// Writes the run log on rank 0. Rows are buffered and appended on flush(); the file is open only
+// during a flush, so readers (h5py, h5dump, `autoaccum log`) can open it at any other time
+// without SWMR or lock settings, and a job killed between flushes leaves a consistent file with
+// every row up to the last flush.
+class RunLogWriter {
+ public:
+  // A new log: built under a temporary name and renamed onto `path`, status "running".
+  static RunLogWriter create(const std::string& path, const RunLogHeader& header);
+  // An existing log to continue (a resumed run): checks its format; status back to "running".
+  static RunLogWriter append(const std::string& path);
+
+  const std::string& path() const noexcept { return path_; }
+  void add(const StepRow& row) { steps_.push_back(row); }
+  void add(const OomRow& row) { ooms_.push_back(row); }
+  void add(const EvalRow& row) { evals_.push_back(row); }
+  void set_peak_bytes(std::vector<std::int64_t> per_rank) { peak_bytes_ = std::move(per_rank); }
+  void set_final_micro_batch(std::int64_t m) { final_micro_batch_ = m; }
+  std::size_t pending_rows() const noexcept { return steps_.size() + ooms_.size() + evals_.size(); }
+
+  void flush();
+  // Flushes and sets status: "completed", "failed" (with `message` as attribute `error`), or
+  // "preempted".
+  void finish(const std::string& status, const std::string& message = "");
+
+ private:
+  explicit RunLogWriter(std::string path) : path_(std::move(path)) {}
+  void write(const std::string& status, const std::string& message);
+
+  std::string path_;
+  std::vector<StepRow> steps_;
+  std::vector<OomRow> ooms_;
+  std::vector<EvalRow> evals_;
+  std::vector<std::int64_t> peak_bytes_;
+  std::int64_t final_micro_batch_ = 0;
+};
+
+// A run log read back: root attributes as text, and each group's columns as numbers.
+struct RunLogData {
+  std::string path;
+  std::map<std::string, std::string> attributes;
+  struct Column {
+    std::string name;
+    bool integer = false;
+    std::vector<double> values;
+  };
+  // group -> columns in schema order ("steps", "oom", "eval", "ranks")
+  std::map<std::string, std::vector<Column>> groups;
+  std::vector<std::string> hostnames;
+  const Column* column(const std::string& group, const std::string& name) const;
+  std::string attribute(const std::string& name, const std::string& fallback = "") const;
+};
+
+// Reads a run log; InputError names the file when it is not one.
+RunLogData read_run_log(const std::string& path);
+
+// The column names of each group, in order (the schema in docs/run-log.md).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& run_log_schema();
+
+// Current UTC time as ISO 8601 ("2026-11-29T15:04:05Z").
+std::string utc_now();
+
+}  // namespace autoaccum::io

@@ -1,0 +1,56 @@
+// The memory module: the CPU memory budget, byte counters, OOM detection and OOM injection.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+
+namespace autoaccum::memory {
+
+// "96MiB", "1.5GiB", "512MB", "1000000" (bytes), "none"/"0" (no limit). Binary units KiB, MiB,
+// GiB, TiB; decimal kB, MB, GB, TB; case-insensitive. Anything else is a UsageError naming
+// `option`.
+std::int64_t parse_size(const std::string& text, const std::string& option = "--memory-limit");
+// 100663296 -> "96.0 MiB".
+std::string format_bytes(std::int64_t bytes);
+
+// Installs (once per process) a CPU allocator that counts live tensor bytes and their peak, and
+// throws c10::OutOfMemoryError when an allocation would take live bytes past the limit, as a
+// GPU's allocator does. A limit of 0 means none (bytes are still counted). Safe to call again
+// to change the limit.
+void install_cpu_budget(std::int64_t limit_bytes);
+bool cpu_budget_installed() noexcept;
+std::int64_t cpu_limit() noexcept;
+std::int64_t cpu_live_bytes() noexcept;
+std::int64_t cpu_peak_bytes() noexcept;
+void reset_cpu_peak() noexcept;  // peak <- live
+
+// Keeps freed large blocks in the process instead of returning them to the OS on every free
+// (glibc's default for blocks above its mmap threshold), so each step does not re-fault its
+// pages: measured 22k -> 42k samples/s for an MLP at micro-batch 512 on these machines.
+void tune_malloc() noexcept;
+
+// Whether `e` says memory ran out: c10::OutOfMemoryError, std::bad_alloc, or a c10::Error whose
+// message is an out-of-memory message of older LibTorch or CUDA.
+bool is_out_of_memory(const std::exception& e) noexcept;
+
+// Throws c10::OutOfMemoryError with `message` (used by the injector and tests).
+[[noreturn]] void throw_out_of_memory(const std::string& message);
+
+// After an agreed OOM: returns cached blocks (CUDA's caching allocator when built with CUDA).
+void release_cached_memory() noexcept;
+
+// --inject-oom rank=R,above=M[,step=S]: rank R throws the same OOM as a real one during forward
+// whenever the micro-batch has more than M rows (at optimizer step S only, when given).
+struct OomInjection {
+  int rank = 0;
+  std::int64_t above = 0;
+  std::optional<std::int64_t> step;
+  bool fires(int this_rank, std::int64_t micro_batch_rows, std::int64_t this_step) const noexcept {
+    return this_rank == rank && micro_batch_rows > above && (!step || *step == this_step);
+  }
+};
+std::optional<OomInjection> parse_oom_injection(const std::string& text);
+
+}  // namespace autoaccum::memory

@@ -1,0 +1,55 @@
+// TrainOptions: everything `autoaccum train` was asked to do, already validated.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autoaccum/memory/memory.hpp"
+
+namespace autoaccum::train {
+
+struct TrainOptions {
+  std::vector<std::string> data;      // files or globs
+  std::vector<std::string> val_data;  // files or globs; empty: no evaluation
+  std::vector<std::string> inputs{"x"};
+  std::string targets = "y";
+
+  std::string model = "mlp";  // mlp | cnn
+  std::vector<std::int64_t> hidden{512, 512};
+  std::string model_file;  // TorchScript; overrides model
+
+  std::int64_t global_batch = 256;
+  std::optional<std::int64_t> micro_batch;  // nullopt: auto
+  std::int64_t steps = 0;                   // 0: from epochs
+  double epochs = 0;
+  std::string shuffle = "batch";
+
+  std::string optimizer = "sgd";  // sgd | adamw
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  std::int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // constant | cosine
+  double clip_grad_norm = 0.0;        // 0: off
+
+  std::uint64_t seed = 0;
+  int threads = 0;  // 0: cores on the node / ranks on the node
+  std::string device = "cpu";
+  std::string backend = "auto";
+  std::int64_t memory_limit = 0;  // bytes per rank; 0: none
+  std::optional<memory::OomInjection> inject_oom;
+
+  std::string run_log;
+  std::string checkpoint;
+  std::int64_t checkpoint_every = 0;
+  bool resume = false;
+  std::int64_t eval_every = 0;
+  std::int64_t log_every = 10;
+  std::int64_t eval_micro_batch = 0;  // 0: auto
+
+  std::string command_line;
+};
+
+}  // namespace autoaccum::train

@@ -1,0 +1,248 @@
+// autoaccum log: a run log as a person reads it, as CSV, or several runs side by side.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/io/run_log.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "commands.hpp"
+
+namespace po = boost::program_options;
+
+namespace autoaccum::cli {
+namespace {
+
+using io::RunLogData;
+
+std::vector<double> values(const RunLogData& log, const std::string& group,
+                           const std::string& name) {
+  const auto* c = log.column(group, name);
+  return c ? c->values : std::vector<double>{};
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string number(double v, const char* format = "%.4g") {
+  if (std::isnan(v)) return "-";
+  char text[64];
+  std::snprintf(text, sizeof text, format, v);
+  return text;
+}
+
+std::string integer(double v) {
+  return std::isnan(v) ? "-" : std::to_string(static_cast<long long>(v));
+}
+
+// Median samples/s over steps without OOM retries (those include the search).
+double steady_throughput(const RunLogData& log) {
+  const auto rate = values(log, "steps", "samples_per_second");
+  const auto retries = values(log, "steps", "oom_retries");
+  std::vector<double> clean;
+  for (std::size_t i = 0; i < rate.size(); ++i) {
+    if (i < retries.size() && retries[i] > 0) continue;
+    clean.push_back(rate[i]);
+  }
+  // The first step pays for start-up (first touches, prefetch warm-up): leave it out when possible.
+  if (clean.size() > 2) clean.erase(clean.begin());
+  return median(clean);
+}
+
+void print_summary(const RunLogData& log, std::ostream& out) {
+  const std::string status = log.attribute("status", "unknown");
+  out << log.path << ": " << status << "\n";
+  if (status == "failed") out << "  error: " << log.attribute("error") << "\n";
+  out << "  " << log.attribute("world_size") << " rank(s), global batch "
+      << log.attribute("global_batch") << ", micro-batch " << log.attribute("micro_batch_mode")
+      << ", memory limit " << log.attribute("memory_limit", "none") << "\n";
+  out << "  model " << log.attribute("model", "?") << ", optimizer "
+      << log.attribute("optimizer", "?") << ", lr " << log.attribute("lr", "?") << ", data "
+      << log.attribute("data", "?") << "\n";
+  out << "  started " << log.attribute("started_at") << ", updated "
+      << log.attribute("updated_at", "-") << "\n";
+  out << "  command: " << log.attribute("command_line") << "\n";
+
+  const auto step = values(log, "steps", "step");
+  const auto micro = values(log, "steps", "micro_batch");
+  const auto accumulation = values(log, "steps", "accumulation");
+  const auto oom_step = values(log, "oom", "step");
+  const auto oom_rank = values(log, "oom", "rank");
+  const auto oom_micro = values(log, "oom", "micro_batch");
+  const auto oom_next = values(log, "oom", "next_micro_batch");
+
+  out << "\nMicro-batch timeline:\n";
+  if (!micro.empty()) {
+    // The size the run started at: the first failed size when the first step had OOMs.
+    const bool first_failed = !oom_step.empty() && oom_step.front() == step.front();
+    out << "  step " << integer(step.front()) << ": started at "
+        << integer(first_failed ? oom_micro.front() : micro.front()) << "\n";
+  }
+  // OOM events grouped by (step, size): which ranks, what next, and the accumulation that followed.
+  for (std::size_t i = 0; i < oom_step.size();) {
+    std::size_t j = i;
+    std::ostringstream ranks;
+    while (j < oom_step.size() && oom_step[j] == oom_step[i] && oom_micro[j] == oom_micro[i]) {
+      ranks << (j > i ? ", " : "") << integer(oom_rank[j]);
+      ++j;
+    }
+    out << "  step " << integer(oom_step[i]) << ": " << integer(oom_micro[i])
+        << " did not fit on rank" << (j - i > 1 ? "s " : " ") << ranks.str();
+    if (oom_next[i] > 0) {
+      out << " -> " << integer(oom_next[i]);
+      // The accumulation that followed, from the step that succeeded at that size.
+      for (std::size_t k = 0; k < step.size(); ++k) {
+        if (step[k] >= oom_step[i] && micro[k] == oom_next[i]) {
+          out << ", accumulation " << integer(accumulation[k]) << ", from step " << integer(step[k])
+              << " on";
+          break;
+        }
+      }
+    } else {
+      out << " -> no smaller size: the run stopped";
+    }
+    out << "\n";
+    i = j;
+  }
+  out << "  final micro-batch " << log.attribute("final_micro_batch");
+  if (!accumulation.empty()) out << " (accumulation " << integer(accumulation.back()) << ")";
+  out << " after " << step.size() << " logged step(s)\n";
+
+  out << "\nOOM events: " << oom_step.size() << "\n";
+  if (!oom_step.empty()) {
+    out << "  step   rank  micro_batch  next\n";
+    for (std::size_t i = 0; i < oom_step.size(); ++i) {
+      char line[96];
+      std::snprintf(line, sizeof line, "  %-6s %-5s %-12s %s\n", integer(oom_step[i]).c_str(),
+                    integer(oom_rank[i]).c_str(), integer(oom_micro[i]).c_str(),
+                    oom_next[i] > 0 ? integer(oom_next[i]).c_str() : "stop");
+      out << line;
+    }
+  }
+
+  const auto wait = values(log, "steps", "data_wait_seconds");
+  const auto seconds = values(log, "steps", "step_seconds");
+  double wait_sum = 0, step_sum = 0;
+  for (double w : wait)
+    wait_sum += w;
+  for (double s : seconds)
+    step_sum += s;
+  out << "\nThroughput: median " << number(steady_throughput(log), "%.0f")
+      << " samples/s (steps without OOM retries)";
+  if (step_sum > 0)
+    out << "; waiting for data " << number(100.0 * wait_sum / step_sum, "%.2f") << "% of step time";
+  out << "\n";
+  const auto loss = values(log, "steps", "loss");
+  if (!loss.empty())
+    out << "Loss: first " << number(loss.front()) << ", last " << number(loss.back()) << "\n";
+
+  const auto eval_step = values(log, "eval", "step");
+  const auto eval_loss = values(log, "eval", "loss");
+  const auto eval_accuracy = values(log, "eval", "accuracy");
+  if (!eval_step.empty()) {
+    out << "\nEvaluation:\n";
+    for (std::size_t i = 0; i < eval_step.size(); ++i) {
+      out << "  step " << integer(eval_step[i]) << ": loss " << number(eval_loss[i])
+          << ", accuracy " << number(eval_accuracy[i], "%.4f") << "\n";
+    }
+  }
+  const auto rank = values(log, "ranks", "rank");
+  const auto peak = values(log, "ranks", "peak_bytes");
+  if (!rank.empty()) {
+    out << "\nRanks:\n";
+    for (std::size_t i = 0; i < rank.size(); ++i) {
+      out << "  rank " << integer(rank[i]) << " on "
+          << (i < log.hostnames.size() ? log.hostnames[i] : "?") << ", peak "
+          << memory::format_bytes(static_cast<std::int64_t>(peak[i])) << "\n";
+    }
+  }
+  out << "\nStatus: " << status << "\n";
+}
+
+void print_csv(const RunLogData& log, const std::string& group, std::ostream& out) {
+  const auto it = log.groups.find(group);
+  if (it == log.groups.end()) {
+    throw UsageError("--csv: '" + group + "' is not one of steps, oom, eval, ranks");
+  }
+  const auto& columns = it->second;
+  for (std::size_t c = 0; c < columns.size(); ++c)
+    out << (c ? "," : "") << columns[c].name;
+  if (group == "ranks") out << ",hostname";
+  out << "\n";
+  const std::size_t rows = columns.empty() ? 0 : columns.front().values.size();
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < columns.size(); ++c) {
+      const double v = r < columns[c].values.size() ? columns[c].values[r] : std::nan("");
+      out << (c ? "," : "") << (columns[c].integer ? integer(v) : number(v, "%.17g"));
+    }
+    if (group == "ranks") out << "," << (r < log.hostnames.size() ? log.hostnames[r] : "");
+    out << "\n";
+  }
+}
+
+void print_comparison(const std::vector<RunLogData>& logs, std::ostream& out) {
+  char line[400];
+  std::snprintf(line, sizeof line, "%-40s %-10s %5s %8s %7s %5s %5s %12s %9s %9s\n", "run",
+                "status", "world", "global", "micro", "accum", "ooms", "samples/s", "loss",
+                "accuracy");
+  out << line;
+  for (const auto& log : logs) {
+    const auto accumulation = values(log, "steps", "accumulation");
+    const auto loss = values(log, "steps", "loss");
+    const auto accuracy = values(log, "eval", "accuracy");
+    std::snprintf(line, sizeof line, "%-40s %-10s %5s %8s %7s %5s %5zu %12s %9s %9s\n",
+                  log.path.c_str(), log.attribute("status").c_str(),
+                  log.attribute("world_size").c_str(), log.attribute("global_batch").c_str(),
+                  log.attribute("final_micro_batch").c_str(),
+                  accumulation.empty() ? "-" : integer(accumulation.back()).c_str(),
+                  values(log, "oom", "step").size(), number(steady_throughput(log), "%.0f").c_str(),
+                  loss.empty() ? "-" : number(loss.back()).c_str(),
+                  accuracy.empty() ? "-" : number(accuracy.back(), "%.4f").c_str());
+    out << line;
+  }
+}
+
+}  // namespace
+
+Command log_command() {
+  Command c;
+  c.name = "log";
+  c.summary = "Summarise run logs: micro-batch sizes chosen and why, OOMs, throughput, evaluation.";
+  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks]";
+  c.options.add_options()("logs",
+                          po::value<std::vector<std::string>>()->required()->value_name("RUN.h5"),
+                          "run log(s); several give a comparison table")(
+      "csv", po::value<std::string>()->value_name("GROUP"), "print one group of one log as CSV");
+  c.positional.add("logs", -1);
+  c.run = [](const po::variables_map& vm, comm::Communicator& world) {
+    comm::collectively(world, [&] {
+      if (world.rank() != 0) return;
+      const auto paths = vm["logs"].as<std::vector<std::string>>();
+      std::vector<RunLogData> logs;
+      for (const auto& p : paths)
+        logs.push_back(io::read_run_log(p));
+      std::ostringstream out;
+      if (vm.count("csv")) {
+        if (logs.size() != 1) throw UsageError("--csv takes exactly one run log");
+        print_csv(logs.front(), vm["csv"].as<std::string>(), out);
+      } else if (logs.size() == 1) {
+        print_summary(logs.front(), out);
+      } else {
+        print_comparison(logs, out);
+      }
+      std::cout << out.str() << std::flush;
+    });
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace autoaccum::cli

@@ -1,0 +1,185 @@
+// autoaccum train: options, validation with one-line errors, and the trainer.
+#include <iostream>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/comm/factory.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/trainer.hpp"
+#include "commands.hpp"
+
+namespace po = boost::program_options;
+
+namespace autoaccum::cli {
+namespace {
+
+std::vector<std::int64_t> parse_widths(const std::string& text) {
+  std::vector<std::int64_t> widths;
+  for (const auto& item : split_list(text)) {
+    try {
+      std::size_t used = 0;
+      const long long w = std::stoll(item, &used);
+      if (used != item.size() || w < 1) throw std::invalid_argument(item);
+      widths.push_back(w);
+    } catch (const std::exception&) {
+      throw UsageError("--hidden: '" + text + "' is not a comma-separated list of positive widths");
+    }
+  }
+  return widths;
+}
+
+train::TrainOptions to_options(const po::variables_map& vm) {
+  train::TrainOptions o;
+  o.data = vm["data"].as<std::vector<std::string>>();
+  if (vm.count("val-data")) o.val_data = vm["val-data"].as<std::vector<std::string>>();
+  o.inputs = split_list(vm["inputs"].as<std::string>());
+  if (o.inputs.empty()) throw UsageError("--inputs: no dataset named");
+  o.targets = vm["targets"].as<std::string>();
+  o.model = vm["model"].as<std::string>();
+  o.hidden = parse_widths(vm["hidden"].as<std::string>());
+  if (vm.count("model-file")) o.model_file = vm["model-file"].as<std::string>();
+  o.global_batch = vm["global-batch"].as<std::int64_t>();
+  if (o.global_batch < 1)
+    throw UsageError("--global-batch must be at least 1 (got " + std::to_string(o.global_batch) +
+                     ")");
+  const std::string micro = vm["micro-batch"].as<std::string>();
+  if (micro != "auto") {
+    try {
+      std::size_t used = 0;
+      const long long m = std::stoll(micro, &used);
+      if (used != micro.size() || m < 1) throw std::invalid_argument(micro);
+      o.micro_batch = m;
+    } catch (const std::exception&) {
+      throw UsageError("--micro-batch: '" + micro + "' is not 'auto' or a positive integer");
+    }
+  }
+  o.steps = vm["steps"].as<std::int64_t>();
+  o.epochs = vm["epochs"].as<double>();
+  if (o.steps < 0) throw UsageError("--steps must not be negative");
+  if (o.epochs < 0) throw UsageError("--epochs must not be negative");
+  if (o.steps > 0 && o.epochs > 0) throw UsageError("give --steps or --epochs, not both");
+  o.shuffle = vm["shuffle"].as<std::string>();
+  if (o.shuffle != "batch" && o.shuffle != "none")
+    throw UsageError("--shuffle: '" + o.shuffle + "' is not one of batch, none");
+  o.optimizer = vm["optimizer"].as<std::string>();
+  if (o.optimizer != "sgd" && o.optimizer != "adamw")
+    throw UsageError("--optimizer: '" + o.optimizer + "' is not one of sgd, adamw");
+  o.lr = vm["lr"].as<double>();
+  if (!(o.lr > 0)) throw UsageError("--lr must be positive (got " + std::to_string(o.lr) + ")");
+  o.momentum = vm["momentum"].as<double>();
+  if (o.momentum < 0 || o.momentum >= 1) throw UsageError("--momentum must be in [0, 1)");
+  o.weight_decay = vm["weight-decay"].as<double>();
+  if (o.weight_decay < 0) throw UsageError("--weight-decay must not be negative");
+  o.warmup_steps = vm["warmup-steps"].as<std::int64_t>();
+  if (o.warmup_steps < 0) throw UsageError("--warmup-steps must not be negative");
+  o.schedule = vm["schedule"].as<std::string>();
+  if (o.schedule != "constant" && o.schedule != "cosine")
+    throw UsageError("--schedule: '" + o.schedule + "' is not one of constant, cosine");
+  o.clip_grad_norm = vm["clip-grad-norm"].as<double>();
+  if (o.clip_grad_norm < 0) throw UsageError("--clip-grad-norm must not be negative");
+  o.seed = vm["seed"].as<std::uint64_t>();
+  o.threads = vm["threads"].as<int>();
+  if (o.threads < 0) throw UsageError("--threads must not be negative");
+  o.device = vm["device"].as<std::string>();
+  if (o.device != "cpu" && o.device != "cuda" && o.device != "auto")
+    throw UsageError("--device: '" + o.device + "' is not one of cpu, cuda, auto");
+  o.backend = vm["backend"].as<std::string>();
+  if (comm::parse_backend(o.backend) == comm::Backend::kNccl && o.device != "cuda") {
+    throw UsageError("--backend nccl needs --device cuda: NCCL reduces GPU memory only");
+  }
+  o.memory_limit = memory::parse_size(vm["memory-limit"].as<std::string>());
+  if (vm.count("inject-oom"))
+    o.inject_oom = memory::parse_oom_injection(vm["inject-oom"].as<std::string>());
+  if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
+  if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
+  o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
+  o.resume = vm["resume"].as<bool>();
+  if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint FILE");
+  o.eval_every = vm["eval-every"].as<std::int64_t>();
+  o.log_every = vm["log-every"].as<std::int64_t>();
+  o.eval_micro_batch = vm["eval-micro-batch"].as<std::int64_t>();
+  o.command_line = command_line();
+  return o;
+}
+
+}  // namespace
+
+Command train_command() {
+  Command c;
+  c.name = "train";
+  c.summary = "Train with automatic micro-batching (run under mpirun or srun).";
+  c.usage = "autoaccum train --data FILE... --global-batch B (--steps N | --epochs E) [options]";
+  c.accepts_config = true;
+  auto add = c.options.add_options();
+  add("data",
+      po::value<std::vector<std::string>>()->multitoken()->required()->value_name("FILE..."),
+      "training file(s) or glob(s); shards are concatenated in order");
+  add("val-data", po::value<std::vector<std::string>>()->multitoken()->value_name("FILE..."),
+      "evaluation file(s), evaluated every --eval-every steps and at the end");
+  add("inputs", po::value<std::string>()->default_value("x")->value_name("A[,B]"),
+      "input dataset(s)");
+  add("targets", po::value<std::string>()->default_value("y")->value_name("Y"),
+      "target dataset: int64 labels (cross-entropy) or float32 values (mean squared error)");
+  add("model", po::value<std::string>()->default_value("mlp")->value_name("mlp|cnn"),
+      "built-in model");
+  add("hidden", po::value<std::string>()->default_value("512,512")->value_name("W,W"),
+      "mlp hidden widths");
+  add("model-file", po::value<std::string>()->value_name("M.pt"),
+      "TorchScript module (overrides --model)");
+  add("global-batch", po::value<std::int64_t>()->default_value(256)->value_name("B"),
+      "samples per optimizer step, all ranks together");
+  add("micro-batch", po::value<std::string>()->default_value("auto")->value_name("auto|N"),
+      "rows per forward/backward on a rank: auto finds the largest that fits");
+  add("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"), "optimizer steps");
+  add("epochs", po::value<double>()->default_value(0)->value_name("E"),
+      "epochs (instead of --steps)");
+  add("shuffle", po::value<std::string>()->default_value("batch")->value_name("batch|none"),
+      "permute whole batches per epoch from --seed, or keep file order");
+  add("optimizer", po::value<std::string>()->default_value("sgd")->value_name("sgd|adamw"),
+      "optimizer");
+  add("lr", po::value<double>()->default_value(0.05)->value_name("LR"), "learning rate");
+  add("momentum", po::value<double>()->default_value(0.9)->value_name("M"), "SGD momentum");
+  add("weight-decay", po::value<double>()->default_value(0.0)->value_name("WD"), "weight decay");
+  add("warmup-steps", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "linear warm-up steps");
+  add("schedule",
+      po::value<std::string>()->default_value("constant")->value_name("constant|cosine"),
+      "learning-rate schedule after warm-up");
+  add("clip-grad-norm", po::value<double>()->default_value(0.0)->value_name("C"),
+      "clip the global gradient norm (0: off)");
+  add("seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"),
+      "seed for initialisation and shuffling");
+  add("threads", po::value<int>()->default_value(0)->value_name("T"),
+      "intra-op threads per rank (0: cores on the node / ranks on the node)");
+  add("device", po::value<std::string>()->default_value("cpu")->value_name("cpu|cuda|auto"),
+      "device");
+  add("backend", po::value<std::string>()->default_value("auto")->value_name("auto|mpi|nccl"),
+      "gradient all-reduce backend");
+  add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE"),
+      "memory budget per rank, e.g. 96MiB; past it allocations fail as on a full GPU");
+  add("inject-oom", po::value<std::string>()->value_name("rank=R,above=M[,step=S]"),
+      "drill: rank R runs out of memory whenever a micro-batch has more than M rows");
+  add("run-log", po::value<std::string>()->value_name("FILE.h5"),
+      "HDF5 run log (written by rank 0)");
+  add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");
+  add("checkpoint-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "write a checkpoint every N steps (and always at the end)");
+  add("resume", po::bool_switch()->default_value(false), "continue from --checkpoint if it exists");
+  add("eval-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "evaluate every N steps");
+  add("eval-micro-batch", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "rows per evaluation forward (0: automatic)");
+  add("log-every", po::value<std::int64_t>()->default_value(10)->value_name("N"),
+      "progress line every N steps");
+  c.run = [](const po::variables_map& vm, comm::Communicator& world) {
+    train::TrainOptions options;
+    comm::collectively(world, [&] { options = to_options(vm); });
+    train::install_stop_signals();
+    train::Trainer trainer(options, world);
+    const train::TrainResult result = trainer.run();
+    return result.preempted ? static_cast<int>(ExitCode::kPreempted) : 0;
+  };
+  return c;
+}
+
+}  // namespace autoaccum::cli

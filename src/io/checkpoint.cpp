@@ -1,0 +1,128 @@
+// Checkpoint I/O through the HDF5 layer.
+#include "autoaccum/io/checkpoint.hpp"
+
+#include <ATen/ATen.h>
+
+#include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/hdf5/hdf5.hpp"
+
+namespace autoaccum::io {
+namespace {
+
+constexpr const char* kFormat = "autoaccum.checkpoint";
+
+hdf5::DType dtype_of(const at::Tensor& t, const std::string& name) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return hdf5::DType::kFloat32;
+    case at::kDouble:
+      return hdf5::DType::kFloat64;
+    case at::kLong:
+      return hdf5::DType::kInt64;
+    case at::kByte:
+      return hdf5::DType::kUInt8;
+    default:
+      throw Error("checkpoint: tensor '" + name + "' has an unsupported type");
+  }
+}
+
+at::ScalarType scalar_of(hdf5::DType type) {
+  switch (type) {
+    case hdf5::DType::kFloat32:
+      return at::kFloat;
+    case hdf5::DType::kFloat64:
+      return at::kDouble;
+    case hdf5::DType::kInt64:
+      return at::kLong;
+    case hdf5::DType::kUInt8:
+      return at::kByte;
+    default:
+      return at::kFloat;
+  }
+}
+
+void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& tensor) {
+  const at::Tensor t = tensor.detach().contiguous().cpu();
+  std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+  if (shape.empty()) shape = {1};
+  const auto type = dtype_of(t, name);
+  auto dataset = file.create_dataset(name, type, shape);
+  if (t.numel() > 0) dataset.write_rows(0, shape[0], type, t.data_ptr());
+}
+
+at::Tensor read_tensor(const hdf5::File& file, const std::string& name) {
+  auto dataset = file.dataset(name);
+  const auto shape = dataset.shape();
+  const auto type = dataset.dtype();
+  if (type == hdf5::DType::kOther)
+    throw InputError("'" + file.path() + "', dataset '" + name + "' has an unsupported type");
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(scalar_of(type)));
+  if (t.numel() > 0) dataset.read_rows(0, shape.at(0), type, t.data_ptr());
+  return t;
+}
+
+std::vector<std::string> names_under(const hdf5::File& file, const std::string& group) {
+  std::vector<std::string> out;
+  // The HDF5 layer lists only the root, so names are recorded in an attribute at write time.
+  if (file.has_attribute(group + "_names")) out = file.read_string_list_attribute(group + "_names");
+  return out;
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const Checkpoint& c) {
+  write_atomically(path, [&](const std::string& temporary) {
+    auto file = hdf5::File::create(temporary);
+    std::vector<std::string> param_names, buffer_names;
+    for (const auto& [name, tensor] : c.params) {
+      write_tensor(file, "params/" + name, tensor);
+      param_names.push_back(name);
+    }
+    for (const auto& [name, tensor] : c.buffers) {
+      write_tensor(file, "buffers/" + name, tensor);
+      buffer_names.push_back(name);
+    }
+    auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8,
+                                     {static_cast<std::int64_t>(c.optimizer.size())});
+    state.write_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
+                     c.optimizer.data());
+    file.write_attribute("params_names", param_names);
+    file.write_attribute("buffers_names", buffer_names);
+    file.write_attribute("format", std::string(kFormat));
+    file.write_attribute("step", c.step);
+    file.write_attribute("epoch", c.epoch);
+    file.write_attribute("micro_batch", c.micro_batch);
+    file.write_attribute("world_size", c.world_size);
+    file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
+    file.flush();
+  });
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  auto file = hdf5::File::open(path);
+  if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat) {
+    throw InputError("'" + path + "' is not an autoaccum checkpoint");
+  }
+  Checkpoint c;
+  c.step = file.read_int_attribute("step");
+  c.epoch = file.read_int_attribute("epoch");
+  c.micro_batch = file.read_int_attribute("micro_batch");
+  c.world_size = file.read_int_attribute("world_size");
+  c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
+  for (const auto& name : names_under(file, "params")) {
+    c.params.emplace_back(name, read_tensor(file, "params/" + name));
+  }
+  for (const auto& name : names_under(file, "buffers")) {
+    c.buffers.emplace_back(name, read_tensor(file, "buffers/" + name));
+  }
+  auto state = file.dataset("optimizer/state");
+  c.optimizer.resize(static_cast<std::size_t>(state.shape().at(0)));
+  if (!c.optimizer.empty()) {
+    state.read_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
+                    c.optimizer.data());
+  }
+  return c;
+}
+
+}  // namespace autoaccum::io

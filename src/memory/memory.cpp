@@ -1,0 +1,221 @@
+// The CPU memory budget allocator and the OOM helpers.
+#include "autoaccum/memory/memory.hpp"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <sstream>
+
+#include "autoaccum/core/error.hpp"
+
+namespace autoaccum::memory {
+namespace {
+
+// Each block carries a 64-byte header holding its size, so the deleter can subtract exactly what
+// was added; 64 keeps the tensor data as aligned as the default CPU allocator's.
+constexpr std::size_t kHeader = 64;
+
+class CpuBudget final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override {
+    const auto size = static_cast<std::int64_t>(bytes);
+    const std::int64_t live = live_.fetch_add(size) + size;
+    const std::int64_t limit = limit_.load(std::memory_order_relaxed);
+    if (limit > 0 && live > limit) {
+      live_.fetch_sub(size);
+      throw_out_of_memory("autoaccum memory limit: cannot allocate " + format_bytes(size) +
+                          " with " + format_bytes(live - size) + " in use (limit " +
+                          format_bytes(limit) + ")");
+    }
+    std::int64_t peak = peak_.load(std::memory_order_relaxed);
+    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+    }
+    void* block = nullptr;
+    if (posix_memalign(&block, kHeader, bytes + kHeader) != 0) {
+      live_.fetch_sub(size);
+      throw_out_of_memory("cannot allocate " + format_bytes(size) + " from the system");
+    }
+    *static_cast<std::int64_t*>(block) = size;
+    return {static_cast<char*>(block) + kHeader, block, &CpuBudget::release,
+            c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  static void release(void* block) {
+    if (!block) return;
+    instance().live_.fetch_sub(*static_cast<std::int64_t*>(block));
+    std::free(block);
+  }
+
+  static CpuBudget& instance() {
+    static CpuBudget* budget = new CpuBudget();  // never destroyed: tensors may outlive main
+    return *budget;
+  }
+
+  mutable std::atomic<std::int64_t> live_{0};
+  mutable std::atomic<std::int64_t> peak_{0};
+  std::atomic<std::int64_t> limit_{0};
+};
+
+std::atomic<bool> installed{false};
+
+}  // namespace
+
+std::int64_t parse_size(const std::string& text, const std::string& option) {
+  std::string lower;
+  for (char c : text) {
+    if (!std::isspace(static_cast<unsigned char>(c)))
+      lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (lower == "none" || lower == "0") return 0;
+  const auto bad = [&] {
+    return UsageError(option + ": '" + text +
+                      "' is not a size (examples: 96MiB, 1.5GiB, 512MB, 1000000, none)");
+  };
+  std::size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(lower, &used);
+  } catch (...) {
+    throw bad();
+  }
+  const std::string unit = lower.substr(used);
+  double scale = 0;
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "kib" || unit == "k")
+    scale = 1024.0;
+  else if (unit == "mib" || unit == "m")
+    scale = 1024.0 * 1024;
+  else if (unit == "gib" || unit == "g")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "tib" || unit == "t")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    scale = 1e3;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (unit == "tb")
+    scale = 1e12;
+  else
+    throw bad();
+  const double bytes = number * scale;
+  if (!std::isfinite(bytes) || bytes < 0 || bytes > 9.0e18) throw bad();
+  return static_cast<std::int64_t>(bytes);
+}
+
+std::string format_bytes(std::int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (std::abs(value) >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  return text;
+}
+
+void install_cpu_budget(std::int64_t limit_bytes) {
+  auto& budget = CpuBudget::instance();
+  budget.limit_.store(limit_bytes);
+  if (!installed.exchange(true)) c10::SetCPUAllocator(&budget, /*priority=*/100);
+}
+
+bool cpu_budget_installed() noexcept {
+  return installed.load();
+}
+std::int64_t cpu_limit() noexcept {
+  return CpuBudget::instance().limit_.load();
+}
+std::int64_t cpu_live_bytes() noexcept {
+  return CpuBudget::instance().live_.load();
+}
+std::int64_t cpu_peak_bytes() noexcept {
+  return CpuBudget::instance().peak_.load();
+}
+void reset_cpu_peak() noexcept {
+  auto& budget = CpuBudget::instance();
+  budget.peak_.store(budget.live_.load());
+}
+
+void tune_malloc() noexcept {
+  // 1 GiB: blocks below it come from the heap and stay there after free; trimming only above it.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+bool is_out_of_memory(const std::exception& e) noexcept {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  if (dynamic_cast<const c10::Error*>(&e)) {
+    const std::string text = e.what();
+    for (const char* needle : {"CUDA out of memory", "CUDA error: out of memory",
+                               "DefaultCPUAllocator: can't allocate memory", "HIP out of memory"}) {
+      if (text.find(needle) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
+void throw_out_of_memory(const std::string& message) {
+  C10_THROW_ERROR(OutOfMemoryError, message);
+}
+
+void release_cached_memory() noexcept {
+  // The CPU budget keeps no cache of its own; CUDA's cache is emptied by the CUDA path.
+  malloc_trim(0);
+}
+
+std::optional<OomInjection> parse_oom_injection(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  OomInjection injection;
+  bool have_rank = false, have_above = false;
+  std::stringstream in(text);
+  std::string item;
+  const auto bad = [&](const std::string& why) {
+    return UsageError("--inject-oom: '" + text + "': " + why +
+                      " (expected rank=R,above=M[,step=S])");
+  };
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw bad("'" + item + "' has no '='");
+    const std::string key = item.substr(0, eq);
+    std::int64_t value = 0;
+    try {
+      std::size_t used = 0;
+      value = std::stoll(item.substr(eq + 1), &used);
+      if (used != item.size() - eq - 1) throw std::invalid_argument("trailing");
+    } catch (...) {
+      throw bad("'" + item.substr(eq + 1) + "' is not an integer");
+    }
+    if (value < 0) throw bad(key + " must not be negative");
+    if (key == "rank") {
+      injection.rank = static_cast<int>(value);
+      have_rank = true;
+    } else if (key == "above") {
+      injection.above = value;
+      have_above = true;
+    } else if (key == "step") {
+      injection.step = value;
+    } else {
+      throw bad("unknown key '" + key + "'");
+    }
+  }
+  if (!have_rank || !have_above) throw bad("rank and above are required");
+  return injection;
+}
+
+}  // namespace autoaccum::memory

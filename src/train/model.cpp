@@ -1,0 +1,147 @@
+// The built-in models and the TorchScript adapter.
+#include "autoaccum/train/model.hpp"
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "autoaccum/core/error.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+std::int64_t product(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape)
+    n *= d;
+  return n;
+}
+
+class ModuleModel final : public Model {
+ public:
+  ModuleModel(torch::nn::Sequential net, std::string description)
+      : net_(std::move(net)), description_(std::move(description)) {}
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) override {
+    if (inputs.size() != 1) {
+      throw UsageError("the built-in models take one input dataset; use --model-file for several");
+    }
+    return net_->forward(inputs.front());
+  }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (const auto& item : net_->named_parameters())
+      out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  NamedTensors named_buffers() override {
+    NamedTensors out;
+    for (const auto& item : net_->named_buffers())
+      out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  void set_training(bool training) override { net_->train(training); }
+  std::string describe() override { return description_; }
+
+ private:
+  torch::nn::Sequential net_;
+  std::string description_;
+};
+
+class ScriptModel final : public Model {
+ public:
+  explicit ScriptModel(const std::string& path) : path_(path) {
+    try {
+      module_ = torch::jit::load(path);
+    } catch (const c10::Error& e) {
+      throw InputError("--model-file '" + path + "' is not a TorchScript module: " + e.msg());
+    }
+  }
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) override {
+    std::vector<torch::jit::IValue> arguments(inputs.begin(), inputs.end());
+    auto output = module_.forward(arguments);
+    if (!output.isTensor())
+      throw InputError("--model-file '" + path_ + "': forward must return a tensor");
+    return output.toTensor();
+  }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (const auto& item : module_.named_parameters())
+      out.emplace_back(item.name, item.value);
+    return out;
+  }
+  NamedTensors named_buffers() override {
+    NamedTensors out;
+    for (const auto& item : module_.named_buffers())
+      out.emplace_back(item.name, item.value);
+    return out;
+  }
+  void set_training(bool training) override { module_.train(training); }
+  std::string describe() override { return "TorchScript " + path_; }
+
+ private:
+  std::string path_;
+  torch::jit::Module module_;
+};
+
+}  // namespace
+
+std::vector<at::Tensor> Model::parameters() {
+  std::vector<at::Tensor> out;
+  for (auto& [name, tensor] : named_parameters())
+    out.push_back(tensor);
+  return out;
+}
+
+std::int64_t Model::parameter_count() {
+  std::int64_t n = 0;
+  for (const auto& p : parameters())
+    n += p.numel();
+  return n;
+}
+
+std::unique_ptr<Model> make_model(const ModelSpec& spec) {
+  if (!spec.file.empty()) return std::make_unique<ScriptModel>(spec.file);
+  namespace nn = torch::nn;
+  std::ostringstream description;
+  if (spec.kind == "mlp") {
+    nn::Sequential net;
+    net->push_back(nn::Flatten());
+    std::int64_t width = product(spec.input_shape);
+    description << "mlp " << width;
+    for (auto h : spec.hidden) {
+      if (h < 1) throw UsageError("--hidden: layer widths must be positive");
+      net->push_back(nn::Linear(width, h));
+      net->push_back(nn::ReLU());
+      width = h;
+      description << "-" << h;
+    }
+    net->push_back(nn::Linear(width, spec.outputs));
+    description << "-" << spec.outputs;
+    return std::make_unique<ModuleModel>(net, description.str());
+  }
+  if (spec.kind == "cnn") {
+    if (spec.input_shape.size() != 3) {
+      std::ostringstream shape;
+      for (std::size_t i = 0; i < spec.input_shape.size(); ++i)
+        shape << (i ? ", " : "") << spec.input_shape[i];
+      throw UsageError(
+          "--model cnn needs inputs of shape [channels, height, width] per row; got [" +
+          shape.str() + "]");
+    }
+    const std::int64_t channels = spec.input_shape[0];
+    const std::int64_t height = spec.input_shape[1] / 4, width = spec.input_shape[2] / 4;
+    if (height < 1 || width < 1) throw UsageError("--model cnn needs images of at least 4x4");
+    nn::Sequential net(nn::Conv2d(nn::Conv2dOptions(channels, 16, 5).padding(2)), nn::ReLU(),
+                       nn::MaxPool2d(2), nn::Conv2d(nn::Conv2dOptions(16, 32, 5).padding(2)),
+                       nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
+                       nn::Linear(32 * height * width, 128), nn::ReLU(),
+                       nn::Linear(128, spec.outputs));
+    description << "cnn conv5x5(" << channels << "->16)-pool-conv5x5(16->32)-pool-"
+                << 32 * height * width << "-128-" << spec.outputs;
+    return std::make_unique<ModuleModel>(net, description.str());
+  }
+  throw UsageError("--model: '" + spec.kind + "' is not one of mlp, cnn (or use --model-file)");
+}
+
+}  // namespace autoaccum::train
