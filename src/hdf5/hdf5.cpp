@@ -273,6 +273,7 @@ std::vector<std::string> read_attribute_strings(hid_t attribute, const std::stri
   const auto count =
       static_cast<std::size_t>(check(H5Sget_simple_extent_npoints(space.id()), where));
   std::vector<std::string> values;
+  if (count == 0) return values;
   if (H5Tis_variable_str(type.id()) > 0) {
     Handle memory(check(H5Tcopy(H5T_C_S1), where));
     check(H5Tset_size(memory.id(), H5T_VARIABLE), where);
@@ -349,7 +350,8 @@ void write_string_attribute(hid_t file, const std::string& path, const std::stri
   const hsize_t count = values.size();
   Handle space(scalar ? check(H5Screate(H5S_SCALAR), where)
                       : check(H5Screate_simple(1, &count, nullptr), where));
-  write_attribute_raw(file, path, name, type.id(), space.id(), pointers.data());
+  const char* none = "";
+  write_attribute_raw(file, path, name, type.id(), space.id(), pointers.empty() ? &none : pointers.data());
 }
 
 }  // namespace

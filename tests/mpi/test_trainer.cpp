@@ -1,0 +1,250 @@
+// The trainer under MPI: exact gradients for any world size and micro-batch, agreed OOM
+// retries, one gradient collective per step, bitwise resume. References are world-1 runs on
+// MPI_COMM_SELF computed by every rank itself.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/data/importers.hpp"
+#include "autoaccum/io/run_log.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/trainer.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+// A folder shared by all ranks (made by rank 0, its name broadcast) with one synthetic file.
+class TrainerTest : public testing::Test {
+ protected:
+  comm::MpiCommunicator world;
+  comm::MpiCommunicator self{MPI_COMM_SELF};
+  std::string dir;
+  std::string data;
+
+  void SetUp() override {
+    if (world.rank() == 0) {
+      char name[] = "/tmp/autoaccum-mpi-XXXXXX";
+      dir = mkdtemp(name);
+      data::SynthOptions o;
+      o.out = dir + "/synth.h5";
+      o.rows = 600;
+      o.features = 12;
+      o.classes = 5;
+      o.seed = 3;
+      data::write_synthetic(o);
+    }
+    world.broadcast(dir, 0);
+    data = dir + "/synth.h5";
+  }
+  void TearDown() override {
+    world.barrier();
+    if (world.rank() == 0) (void)std::system(("rm -rf " + dir).c_str());
+  }
+
+  TrainOptions base(std::int64_t global_batch, std::int64_t steps) const {
+    TrainOptions o;
+    o.data = {data};
+    o.hidden = {16, 16};
+    o.global_batch = global_batch;
+    o.steps = steps;
+    o.shuffle = "batch";
+    o.lr = 0.05;
+    o.momentum = 0.9;
+    o.seed = 11;
+    o.threads = 1;
+    o.log_every = 0;
+    return o;
+  }
+};
+
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+bool equal_on_every_rank(comm::Communicator& comm, Model& model) {
+  bool same = true;
+  for (auto& p : model.parameters()) {
+    at::Tensor root = p.detach().clone();
+    comm.broadcast(root.data_ptr(), static_cast<std::size_t>(root.nbytes()), 0);
+    same = same && torch::equal(root, p.detach());
+  }
+  return comm.allreduce_min(same ? 1 : 0) == 1;
+}
+
+TEST_F(TrainerTest, GradientOfOneStepIsTheSameForAnyWorldAndMicroBatch) {
+  const std::int64_t batch = 26;  // 26 / 4 = 6.5: unequal rank parts
+  TrainOptions reference_options = base(batch, 1);
+  reference_options.micro_batch = batch;
+  Trainer reference(reference_options, self);
+  reference.run();
+  const at::Tensor expected = reference.last_gradient();
+
+  const std::int64_t per_rank = (batch + world.size() - 1) / world.size();
+  for (std::int64_t m : {per_rank, std::int64_t{3}, std::int64_t{1}, std::int64_t{4}}) {
+    TrainOptions o = base(batch, 1);
+    o.micro_batch = std::min(m, per_rank);
+    Trainer trainer(o, world);
+    trainer.run();
+    const double error = relative_error(trainer.last_gradient(), expected);
+    EXPECT_LE(error, 1e-5) << "world " << world.size() << ", micro-batch " << m;
+  }
+}
+
+TEST_F(TrainerTest, TwentyMomentumStepsAreBitwiseEqualOnAllRanksAndMatchOneRank) {
+  TrainOptions o = base(40, 20);
+  Trainer distributed(o, world);
+  distributed.run();
+  EXPECT_TRUE(equal_on_every_rank(world, distributed.model()));
+
+  Trainer single(o, self);
+  single.run();
+  auto a = distributed.model().parameters();
+  auto b = single.model().parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(relative_error(a[i], b[i]), 1e-4) << "parameter " << i;
+  }
+}
+
+TEST_F(TrainerTest, PartialOomOnRankOneEndsEveryRankAtEightAndMatchesFixedEight) {
+  TrainOptions o = base(60, 6);
+  o.inject_oom = memory::OomInjection{1, 8, std::nullopt};
+  o.run_log = dir + "/partial.h5";
+  Trainer injected(o, world);
+  const TrainResult r = injected.run();
+  EXPECT_LE(r.final_micro_batch, 8);
+  EXPECT_GT(r.oom_events, 0);
+  EXPECT_EQ(world.allreduce_max(r.final_micro_batch), world.allreduce_min(r.final_micro_batch));
+
+  TrainOptions fixed = base(60, 6);
+  fixed.micro_batch = r.final_micro_batch;
+  Trainer reference(fixed, world);
+  reference.run();
+  auto a = injected.model().parameters();
+  auto b = reference.model().parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(o.run_log);
+    const auto* ranks = log.column("oom", "rank");
+    ASSERT_NE(ranks, nullptr);
+    ASSERT_FALSE(ranks->values.empty());
+    for (double rank : ranks->values) EXPECT_EQ(rank, 1.0) << "only rank 1 ran out of memory";
+    EXPECT_EQ(log.attribute("status"), "completed");
+  }
+}
+
+TEST_F(TrainerTest, ExactlyOneGradientCollectivePerStep) {
+  for (std::int64_t m : {std::int64_t{1}, std::int64_t{5}}) {
+    comm::MpiCommunicator counted;
+    TrainOptions o = base(40, 7);
+    o.micro_batch = m;
+    Trainer trainer(o, counted);
+    trainer.run();
+    EXPECT_EQ(counted.data_allreduce_calls(), 7u) << "micro-batch " << m;
+  }
+}
+
+TEST_F(TrainerTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
+  TrainOptions straight = base(40, 20);
+  Trainer uninterrupted(straight, world);
+  uninterrupted.run();
+
+  TrainOptions first = base(40, 10);
+  first.checkpoint = dir + "/resume.h5";
+  first.run_log = dir + "/resume-log.h5";
+  {
+    Trainer part(first, world);
+    part.run();
+  }
+  TrainOptions second = base(40, 20);
+  second.checkpoint = first.checkpoint;
+  second.run_log = first.run_log;
+  second.resume = true;
+  Trainer resumed(second, world);
+  const TrainResult r = resumed.run();
+  EXPECT_EQ(r.steps_done, 20);
+  auto a = uninterrupted.model().parameters();
+  auto b = resumed.model().parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(first.run_log);
+    EXPECT_EQ(log.column("steps", "step")->values.size(), 20u) << "the resumed run appends to the log";
+  }
+}
+
+TEST_F(TrainerTest, ARealBudgetForcesASmallerMicroBatchAndIsRespected) {
+  // Calibrate: peak bytes at the per-rank batch and at micro-batch 1, without a limit.
+  const std::int64_t batch = 120 * world.size();
+  auto peak_at = [&](std::int64_t m) {
+    TrainOptions o = base(batch, 2);
+    o.hidden = {256, 256};
+    o.micro_batch = m;
+    Trainer t(o, world);
+    t.run();
+    return memory::cpu_peak_bytes();
+  };
+  const std::int64_t live_before = memory::cpu_live_bytes();
+  const std::int64_t full = world.allreduce_max(peak_at(120));
+  const std::int64_t small = world.allreduce_max(peak_at(1));
+  ASSERT_GT(full, small);
+  const std::int64_t limit = live_before + (full - live_before + small - live_before) / 2;
+
+  TrainOptions o = base(batch, 3);
+  o.hidden = {256, 256};
+  o.memory_limit = limit;
+  o.run_log = dir + "/budget.h5";
+  TrainResult r;
+  {
+    Trainer t(o, world);
+    r = t.run();
+  }
+  memory::install_cpu_budget(0);
+  EXPECT_LT(r.final_micro_batch, 120);
+  EXPECT_GT(r.oom_events, 0);
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(o.run_log);
+    for (double peak : log.column("ranks", "peak_bytes")->values) EXPECT_LE(peak, static_cast<double>(limit));
+  }
+}
+
+TEST_F(TrainerTest, LiveBytesDoNotGrowAcrossTenForcedRetries) {
+  const std::int64_t batch = 512 * world.size();  // per rank 512: halving to 1 takes 9 retries
+  TrainOptions o = base(batch, 1);
+  o.data = {data};
+  const std::int64_t before = memory::cpu_live_bytes();
+  std::int64_t after_plain = 0, after_retries = 0;
+  TrainOptions plain = base(batch, 1);
+  plain.micro_batch = 1;
+  {
+    data::SynthOptions s;
+    s.out = dir + "/many-" + std::to_string(world.rank()) + ".h5";
+    s.rows = batch;
+    s.features = 12;
+    s.classes = 5;
+    data::write_synthetic(s);
+    plain.data = {s.out};
+    o.data = {s.out};
+  }
+  {
+    Trainer t(plain, world);
+    t.run();
+    after_plain = memory::cpu_live_bytes();
+  }
+  o.inject_oom = memory::OomInjection{0, 1, std::nullopt};
+  {
+    Trainer t(o, world);
+    const TrainResult r = t.run();
+    after_retries = memory::cpu_live_bytes();
+    EXPECT_EQ(r.final_micro_batch, 1);
+    EXPECT_GE(r.oom_events, 9);
+  }
+  EXPECT_EQ(after_retries, after_plain) << "live bytes before any trainer: " << before;
+}
+
+}  // namespace
+}  // namespace autoaccum::train
