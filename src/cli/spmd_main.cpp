@@ -1,6 +1,7 @@
 // spmd_main: one place that decides how a failing rank takes the others down with it.
 #include "autoaccum/cli/spmd_main.hpp"
 
+#include <c10/util/Exception.h>
 #include <mpi.h>
 
 #include <cstdio>
@@ -45,6 +46,8 @@ int spmd_main(int argc, char** argv, const SpmdBody& body) {
       code = static_cast<int>(e.exit_code());
     } catch (const Error& e) {
       abort_job(e.what(), e.exit_code());
+    } catch (const c10::Error& e) {
+      abort_job(e.what_without_backtrace(), ExitCode::kInternal);
     } catch (const std::exception& e) {
       abort_job(e.what(), ExitCode::kInternal);
     } catch (...) {

@@ -19,40 +19,40 @@
 namespace autoaccum::memory {
 namespace {
 
-// Each block carries a 64-byte header holding its size, so the deleter can subtract exactly what
-// was added; 64 keeps the tensor data as aligned as the default CPU allocator's.
-constexpr std::size_t kHeader = 64;
+// Blocks are counted by malloc_usable_size on both allocation and release, so the count is exact
+// without a header; data pointer == context, as raw_allocate() (used by some kernels) requires.
+constexpr std::size_t kAlignment = 64;  // as the default CPU allocator
 
 class CpuBudget final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) const override {
-    const auto size = static_cast<std::int64_t>(bytes);
+    void* block = nullptr;
+    if (posix_memalign(&block, kAlignment, std::max<size_t>(bytes, 1)) != 0) {
+      throw_out_of_memory("cannot allocate " + format_bytes(static_cast<std::int64_t>(bytes)) +
+                          " from the system");
+    }
+    const auto size = static_cast<std::int64_t>(malloc_usable_size(block));
     const std::int64_t live = live_.fetch_add(size) + size;
     const std::int64_t limit = limit_.load(std::memory_order_relaxed);
     if (limit > 0 && live > limit) {
       live_.fetch_sub(size);
-      throw_out_of_memory("autoaccum memory limit: cannot allocate " + format_bytes(size) +
-                          " with " + format_bytes(live - size) + " in use (limit " +
-                          format_bytes(limit) + ")");
+      std::free(block);
+      throw_out_of_memory("autoaccum memory limit: cannot allocate " +
+                          format_bytes(static_cast<std::int64_t>(bytes)) + " with " +
+                          format_bytes(live - size) + " in use (limit " + format_bytes(limit) +
+                          ")");
     }
     std::int64_t peak = peak_.load(std::memory_order_relaxed);
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
     }
-    void* block = nullptr;
-    if (posix_memalign(&block, kHeader, bytes + kHeader) != 0) {
-      live_.fetch_sub(size);
-      throw_out_of_memory("cannot allocate " + format_bytes(size) + " from the system");
-    }
-    *static_cast<std::int64_t*>(block) = size;
-    return {static_cast<char*>(block) + kHeader, block, &CpuBudget::release,
-            c10::Device(c10::DeviceType::CPU)};
+    return {block, block, &CpuBudget::release, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &CpuBudget::release; }
 
   static void release(void* block) {
     if (!block) return;
-    instance().live_.fetch_sub(*static_cast<std::int64_t*>(block));
+    instance().live_.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(block)));
     std::free(block);
   }
 

@@ -442,27 +442,24 @@ void Trainer::State::evaluate() {
                        ? options.eval_micro_batch
                        : std::max<std::int64_t>(policy->current() * 4, 256);
   double totals[3] = {0, 0, 0};  // loss sum, correct, rows
-  // Evaluation has no collective inside, so each rank halves on its own after an OOM.
-  const std::int64_t read_rows = 8192;
-  for (std::int64_t first = part.begin; first < part.end; first += read_rows) {
-    const data::Batch slab = val_reader->read(first, std::min(part.end, first + read_rows));
-    for (std::int64_t offset = 0; offset < slab.rows();) {
-      try {
-        const data::Batch micro = slab.slice(offset, m);
-        std::vector<at::Tensor> inputs;
-        for (std::size_t i = 0; i + 1 < micro.size(); ++i)
-          inputs.push_back(micro[i]);
-        at::Tensor output = model->forward(inputs);
-        const at::Tensor& target = micro[micro.size() - 1];
-        totals[0] += loss_of(output, target, 1).item<double>();
-        if (classification) totals[1] += output.argmax(1).eq(target).sum().item<double>();
-        totals[2] += static_cast<double>(micro.rows());
-        offset += micro.rows();
-      } catch (const std::exception& e) {
-        if (!memory::is_out_of_memory(e) || m == 1) throw;
-        m = std::max<std::int64_t>(m / 2, 1);
-        memory::release_cached_memory();
-      }
+  // Evaluation has no collective inside, so each rank halves on its own after an OOM. Each
+  // micro-batch is read as its own slab, so the read also shrinks with m.
+  for (std::int64_t first = part.begin; first < part.end;) {
+    try {
+      const data::Batch micro = val_reader->read(first, std::min(part.end, first + m));
+      std::vector<at::Tensor> inputs;
+      for (std::size_t i = 0; i + 1 < micro.size(); ++i)
+        inputs.push_back(micro[i]);
+      at::Tensor output = model->forward(inputs);
+      const at::Tensor& target = micro[micro.size() - 1];
+      totals[0] += loss_of(output, target, 1).item<double>();
+      if (classification) totals[1] += output.argmax(1).eq(target).sum().item<double>();
+      totals[2] += static_cast<double>(micro.rows());
+      first += micro.rows();
+    } catch (const std::exception& e) {
+      if (!memory::is_out_of_memory(e) || m == 1) throw;
+      m = std::max<std::int64_t>(m / 2, 1);
+      memory::release_cached_memory();
     }
   }
   model->set_training(true);

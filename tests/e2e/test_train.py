@@ -1,0 +1,255 @@
+"""`autoaccum train` and `autoaccum log` end to end, checked with h5py and Python's csv module."""
+import csv
+import io
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import h5py
+import numpy as np
+
+from harness import BIN, MPIEXEC, autoaccum
+
+SCHEMA = {
+    "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
+              "samples_per_second", "oom_retries"],
+    "oom": ["step", "rank", "micro_batch", "next_micro_batch"],
+    "eval": ["step", "loss", "accuracy"],
+    "ranks": ["rank", "hostname", "peak_bytes"],
+}
+ROOT_ATTRIBUTES = ["format", "schema_version", "world_size", "global_batch", "micro_batch_mode",
+                   "command_line", "started_at", "status", "final_micro_batch"]
+
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Run(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="autoaccum-train-")
+        cls.data = os.path.join(cls.dir, "synth.h5")
+        cls.val = os.path.join(cls.dir, "val.h5")
+        for path, seed in ((cls.data, 1), (cls.val, 2)):
+            r = autoaccum(1, "synth", "--out", path, "--rows", 2000, "--features", 20,
+                          "--classes", 4, "--seed", seed)
+            assert r.returncode == 0, r
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def train(self, ranks, *args, timeout=120):
+        return autoaccum(ranks, "train", "--data", self.data, "--hidden", "32,32", "--threads", 1,
+                         *args, timeout=timeout)
+
+
+class RunLogEndToEnd(Run):
+    def test_injected_oom_run_log_has_every_field(self):
+        log = self.path("oom.h5")
+        r = self.train(2, "--global-batch", 200, "--steps", 12, "--val-data", self.val,
+                       "--eval-every", 6, "--inject-oom", "rank=1,above=30", "--run-log", log)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("rank 1 ran out of memory at micro-batch 100", r.stdout)
+        with h5py.File(log, "r") as f:
+            for name in ROOT_ATTRIBUTES:
+                self.assertIn(name, f.attrs, name)
+            self.assertEqual(text(f.attrs["format"]), "autoaccum.runlog")
+            self.assertEqual(int(f.attrs["schema_version"]), 1)
+            self.assertEqual(int(f.attrs["world_size"]), 2)
+            self.assertEqual(int(f.attrs["global_batch"]), 200)
+            self.assertEqual(text(f.attrs["micro_batch_mode"]), "auto")
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            self.assertIn("--inject-oom", text(f.attrs["command_line"]))
+            self.assertRegex(text(f.attrs["started_at"]), r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+            for group, columns in SCHEMA.items():
+                for column in columns:
+                    self.assertIn(f"{group}/{column}", f, f"{group}/{column}")
+            lengths = {len(f[f"steps/{c}"]) for c in SCHEMA["steps"]}
+            self.assertEqual(lengths, {12}, "every steps column has one row per step")
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(12))
+            # Rank 0's part of a batch is 100 rows: micro_batch x accumulation must cover it.
+            m, acc = f["steps/micro_batch"][:], f["steps/accumulation"][:]
+            self.assertTrue(np.all(m * acc >= 100) and np.all(m * (acc - 1) < 100), (m, acc))
+            self.assertTrue(np.all(m <= 30))
+            self.assertEqual(int(f.attrs["final_micro_batch"]), int(m[-1]))
+            # The OOM rows: rank 1, at step 0, halving from 100.
+            np.testing.assert_array_equal(f["oom/rank"][:], [1, 1])
+            np.testing.assert_array_equal(f["oom/micro_batch"][:], [100, 50])
+            np.testing.assert_array_equal(f["oom/next_micro_batch"][:], [50, 25])
+            np.testing.assert_array_equal(f["oom/step"][:], [0, 0])
+            self.assertEqual(int(f["steps/oom_retries"][0]), 2)
+            self.assertTrue(np.all(f["steps/oom_retries"][1:] == 0))
+            self.assertTrue(np.all(f["steps/samples_per_second"][:] > 0))
+            np.testing.assert_array_equal(f["eval/step"][:], [6, 12])
+            self.assertTrue(np.all((f["eval/accuracy"][:] >= 0) & (f["eval/accuracy"][:] <= 1)))
+            np.testing.assert_array_equal(f["ranks/rank"][:], [0, 1])
+            self.assertEqual(len(f["ranks/hostname"]), 2)
+            self.assertTrue(np.all(f["ranks/peak_bytes"][:] > 0))
+            steps_h5 = {c: f[f"steps/{c}"][:] for c in SCHEMA["steps"]}
+
+        # The summary names the OOM and the final size.
+        summary = autoaccum(1, "log", log)
+        self.assertEqual(summary.returncode, 0, summary)
+        self.assertIn("step 0: 100 did not fit on rank 1 -> 50", summary.stdout)
+        self.assertIn("step 0: 50 did not fit on rank 1 -> 25, accumulation 4, from step 0 on", summary.stdout)
+        self.assertIn("final micro-batch 25 (accumulation 4)", summary.stdout)
+        self.assertIn("OOM events: 2", summary.stdout)
+        self.assertIn("Status: completed", summary.stdout)
+
+        # CSV parses to the values h5py reads.
+        table = autoaccum(1, "log", log, "--csv", "steps")
+        self.assertEqual(table.returncode, 0, table)
+        rows = list(csv.DictReader(io.StringIO(table.stdout)))
+        self.assertEqual(len(rows), 12)
+        for column, values in steps_h5.items():
+            parsed = np.array([float(row[column]) for row in rows])
+            np.testing.assert_array_equal(parsed, values.astype(float), column)
+        oom = list(csv.DictReader(io.StringIO(autoaccum(1, "log", log, "--csv", "oom").stdout)))
+        self.assertEqual([int(r["rank"]) for r in oom], [1, 1])
+
+    def test_comparison_table_for_several_logs(self):
+        logs = []
+        for batch in (100, 200):
+            logs.append(self.path(f"sweep-{batch}.h5"))
+            r = self.train(2, "--global-batch", batch, "--steps", 4, "--run-log", logs[-1])
+            self.assertEqual(r.returncode, 0, r)
+        table = autoaccum(1, "log", *logs)
+        self.assertEqual(table.returncode, 0, table)
+        lines = table.stdout.splitlines()
+        self.assertEqual(len(lines), 3, table)
+        self.assertIn("sweep-100.h5", lines[1])
+        self.assertIn("sweep-200.h5", lines[2])
+
+    def test_oom_at_micro_batch_one_exits_3_on_every_rank(self):
+        log = self.path("fail.h5")
+        r = self.train(3, "--global-batch", 60, "--steps", 5, "--inject-oom", "rank=2,above=0",
+                       "--memory-limit", "64MiB", "--run-log", log, timeout=60)
+        self.assertEqual(r.returncode, 3, r)
+        self.assertLess(r.seconds, 30, r)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("rank 2 ran out of memory at micro-batch 1", errors[0])
+        self.assertIn("limit 64.0 MiB per rank", errors[0])
+        self.assertIn("peak", errors[0])
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "failed")
+            self.assertIn("micro-batch 1", text(f.attrs["error"]))
+
+    def test_fixed_micro_batch_oom_exits_3_with_a_hint(self):
+        r = self.train(2, "--global-batch", 100, "--steps", 3, "--micro-batch", 20,
+                       "--inject-oom", "rank=0,above=10")
+        self.assertEqual(r.returncode, 3, r)
+        self.assertIn("--micro-batch auto", r.stderr)
+
+    def test_kill_9_leaves_a_readable_log_with_the_flushed_rows(self):
+        log = self.path("killed.h5")
+        command = [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
+                   "--hidden", "32,32", "--threads", "1", "--global-batch", "100",
+                   "--steps", "1000000", "--run-log", log, "--log-every", "0"]
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            rows = 0
+            while time.monotonic() < deadline and rows < 30:
+                time.sleep(0.5)
+                try:
+                    with h5py.File(log, "r") as f:  # readable while the job runs
+                        rows = len(f["steps/step"])
+                except OSError:
+                    pass  # between creation and the first flush, or mid-flush
+            self.assertGreaterEqual(rows, 30, "the log should grow while the job runs")
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+        with h5py.File(log, "r") as f:
+            n = len(f["steps/step"])
+            self.assertGreaterEqual(n, rows)
+            for column in SCHEMA["steps"]:
+                self.assertEqual(len(f[f"steps/{column}"]), n, column)
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(n))
+            self.assertEqual(text(f.attrs["status"]), "running")
+
+    def test_sigusr1_checkpoints_exits_4_and_resume_completes(self):
+        log, checkpoint = self.path("preempt.h5"), self.path("preempt-ckpt.h5")
+        command = [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
+                   "--hidden", "32,32", "--threads", "1", "--global-batch", "100",
+                   "--steps", "100000", "--run-log", log, "--checkpoint", checkpoint,
+                   "--memory-limit", "64MiB", "--inject-oom", "rank=1,above=20",
+                   "--log-every", "0"]
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(6)
+        job.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+        out, err = job.communicate(timeout=60)
+        self.assertEqual(job.returncode, 4, out + err)
+        self.assertIn("stopped by a signal", out)
+        with h5py.File(checkpoint, "r") as f:
+            stopped_at = int(f.attrs["step"])
+            self.assertEqual(int(f.attrs["micro_batch"]), 12)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "preempted")
+            self.assertEqual(len(f["steps/step"]), stopped_at)
+        total = stopped_at + 5
+        r = self.train(2, "--global-batch", 100, "--steps", total, "--run-log", log,
+                       "--checkpoint", checkpoint, "--resume", "--memory-limit", "64MiB",
+                       "--inject-oom", "rank=1,above=20")
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn(f"resumed at step {stopped_at} with micro-batch 12", r.stdout)
+        self.assertNotIn("ran out of memory", r.stdout, "no new search after resuming")
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(total))
+
+
+class TrainBadInput(Run):
+    def assert_bad(self, ranks, args, *needles, extra=()):
+        r = autoaccum(ranks, "train", *args, timeout=30)
+        self.assertEqual(r.returncode, 1, r)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, r)
+        for needle in needles:
+            self.assertIn(needle, errors[0])
+        self.assertLess(r.seconds, 10, r)
+
+    def test_matrix(self):
+        d = ["--data", self.data, "--steps", "2"]
+        cases = [
+            (["--bogus"] + d, "--bogus"),
+            (d + ["--global-batch", "0"], "--global-batch must be at least 1"),
+            (d + ["--lr", "-0.1"], "--lr must be positive"),
+            (d + ["--global-batch", "100", "--micro-batch", "60"], "--micro-batch 60 is larger than the per-rank batch"),
+            (d + ["--memory-limit", "lots"], "--memory-limit: 'lots' is not a size"),
+            (d + ["--global-batch", "1"], "less than one row each"),
+            (["--steps", "2"], "'--data' is required"),
+            (d + ["--config", self.path("missing.ini")], "--config: cannot read"),
+            (d + ["--global-batch", "5000"], "larger than the training data (2000 rows)"),
+            (["--data", self.path("nope.h5"), "--steps", "2"], "nope.h5"),
+            (d + ["--micro-batch", "lots"], "--micro-batch"),
+            (d + ["--model", "transformer"], "--model: 'transformer'"),
+            (d + ["--inject-oom", "rank=x"], "--inject-oom"),
+            (["--data", self.data], "--steps N or --epochs E"),
+        ]
+        for args, needle in cases:
+            with self.subTest(args=args):
+                self.assert_bad(2, args, needle)
+
+    def test_existing_log_untouched_by_a_failed_start(self):
+        log = self.path("keep.h5")
+        with open(log, "w") as f:
+            f.write("precious")
+        self.assert_bad(2, ["--data", self.data, "--steps", "2", "--lr", "0", "--run-log", log], "--lr")
+        with open(log) as f:
+            self.assertEqual(f.read(), "precious")
+
+
+if __name__ == "__main__":
+    unittest.main()
