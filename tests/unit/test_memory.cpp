@@ -1,0 +1,104 @@
+// The memory module: sizes, the CPU budget (a real c10::OutOfMemoryError), OOM detection.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/memory/memory.hpp"
+
+namespace autoaccum::memory {
+namespace {
+
+TEST(Sizes, ParsesUnits) {
+  EXPECT_EQ(parse_size("96MiB"), 96LL << 20);
+  EXPECT_EQ(parse_size("1.5GiB"), 3LL << 29);
+  EXPECT_EQ(parse_size("512MB"), 512000000LL);
+  EXPECT_EQ(parse_size("1000000"), 1000000LL);
+  EXPECT_EQ(parse_size("64 kib"), 65536LL);
+  EXPECT_EQ(parse_size("none"), 0);
+  EXPECT_EQ(parse_size("0"), 0);
+  for (const char* bad : {"", "lots", "12XB", "-5MiB", "MiB", "1e30TiB"}) {
+    try {
+      parse_size(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--memory-limit"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(format_bytes(96LL << 20), "96.0 MiB");
+  EXPECT_EQ(format_bytes(512), "512 B");
+}
+
+TEST(Budget, ThrowsTheSameOutOfMemoryErrorAsAGpuAndCountsBytes) {
+  install_cpu_budget(0);
+  const std::int64_t base = cpu_live_bytes();
+  {
+    auto t = torch::empty({1 << 20}, torch::kFloat32);  // 4 MiB
+    EXPECT_GE(cpu_live_bytes() - base, 4 << 20);
+    EXPECT_GE(cpu_peak_bytes(), cpu_live_bytes());
+  }
+  EXPECT_EQ(cpu_live_bytes(), base);
+  install_cpu_budget(base + (8 << 20));
+  EXPECT_NO_THROW(torch::empty({1 << 20}));
+  try {
+    auto big = torch::empty({4 << 20});  // 16 MiB: past the limit
+    ADD_FAILURE() << "allocation past the limit succeeded";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_TRUE(is_out_of_memory(e));
+    EXPECT_NE(std::string(e.what()).find("autoaccum memory limit"), std::string::npos);
+  }
+  EXPECT_EQ(cpu_live_bytes(), base) << "a refused allocation must not count";
+  // Kernels that use raw_allocate (convolutions) go through the budget too.
+  auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3));
+  EXPECT_NO_THROW(conv->forward(torch::rand({2, 1, 8, 8})));
+  install_cpu_budget(0);
+}
+
+TEST(Budget, ResetPeakStartsFromLive) {
+  install_cpu_budget(0);
+  { auto t = torch::empty({1 << 20}); }
+  reset_cpu_peak();
+  EXPECT_EQ(cpu_peak_bytes(), cpu_live_bytes());
+}
+
+TEST(Detection, RecognisesOutOfMemoryMessages) {
+  EXPECT_TRUE(is_out_of_memory(std::bad_alloc()));
+  try {
+    throw_out_of_memory("injected");
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(is_out_of_memory(e));
+  }
+  try {
+    TORCH_CHECK(false, "CUDA out of memory. Tried to allocate 2.00 GiB");
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(is_out_of_memory(e)) << "older LibTorch's CUDA message";
+  }
+  try {
+    TORCH_CHECK(false, "CUDA error: out of memory");
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(is_out_of_memory(e));
+  }
+  try {
+    TORCH_CHECK(false, "shape mismatch");
+  } catch (const std::exception& e) {
+    EXPECT_FALSE(is_out_of_memory(e));
+  }
+  EXPECT_FALSE(is_out_of_memory(std::runtime_error("out of memory in a message of another kind")));
+}
+
+TEST(Injection, ParsesAndFires) {
+  auto i = parse_oom_injection("rank=1,above=8");
+  ASSERT_TRUE(i.has_value());
+  EXPECT_TRUE(i->fires(1, 9, 0));
+  EXPECT_FALSE(i->fires(1, 8, 0));
+  EXPECT_FALSE(i->fires(0, 100, 0));
+  auto s = parse_oom_injection("rank=0,above=2,step=3");
+  EXPECT_FALSE(s->fires(0, 5, 2));
+  EXPECT_TRUE(s->fires(0, 5, 3));
+  EXPECT_FALSE(parse_oom_injection("").has_value());
+  for (const char* bad : {"rank=1", "above=3", "rank=a,above=1", "rank=1,above=2,color=3", "rank"}) {
+    EXPECT_THROW(parse_oom_injection(bad), UsageError) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace autoaccum::memory
