@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Workstation run: installs what is missing, builds, and runs autoaccum under mpirun.
-#   ./jobs/local.sh [-n RANKS]
+# Workstation run: installs what is missing, builds, imports Fashion-MNIST into data/, and trains
+# the cnn under mpirun with automatic micro-batching. The per-rank memory limit is low enough
+# that the run visibly halves its micro-batch; the run log goes to runs/ and is summarised at
+# the end.
+#   ./jobs/local.sh [-n RANKS] [extra train options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +11,7 @@ ranks=2
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
-    -h|--help) sed -n '2,3p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -17,9 +20,24 @@ done
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc 2>/dev/null || echo 2)" --target autoaccum
 
-mpi_flags=(--oversubscribe -np "$ranks")
 if [[ $(id -u) -eq 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-echo "+ mpirun ${mpi_flags[*]} build/autoaccum --version"
-mpirun "${mpi_flags[@]}" build/autoaccum --version
+mpi=(mpirun --oversubscribe -np "$ranks")
+
+if [[ ! -f data/fashion-mnist-train.h5 || ! -f data/fashion-mnist-test.h5 ]]; then
+  build/autoaccum import fashion-mnist --out data
+fi
+
+mkdir -p runs
+log="runs/local-$(date +%Y%m%d-%H%M%S).h5"
+set -x
+"${mpi[@]}" build/autoaccum train \
+  --data data/fashion-mnist-train.h5 --val-data data/fashion-mnist-test.h5 \
+  --model cnn --global-batch 256 --epochs 3 --lr 0.05 --schedule cosine --warmup-steps 50 \
+  --memory-limit 12MiB --eval-every 234 --log-every 50 \
+  --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
+set +x
+echo
+build/autoaccum log "$log"
+echo "plot it: jobs/plot-run.py $log -o ${log%.h5}.png"

@@ -210,6 +210,25 @@ class RunLogEndToEnd(Run):
             np.testing.assert_array_equal(f["steps/step"][:], np.arange(total))
 
 
+class PlotScript(Run):
+    def test_png_for_one_and_two_runs(self):
+        logs = []
+        for name, inject in (("plot-a.h5", "rank=0,above=40"), ("plot-b.h5", "rank=1,above=1000")):
+            logs.append(self.path(name))
+            r = self.train(2, "--global-batch", 200, "--steps", 5, "--inject-oom", inject,
+                           "--run-log", logs[-1])
+            self.assertEqual(r.returncode, 0, r)
+        script = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "plot-run.py")
+        for chosen, png in ((logs[:1], self.path("one.png")), (logs, self.path("two.png"))):
+            done = subprocess.run(["/usr/bin/python3", script, *chosen, "-o", png],
+                                  capture_output=True, text=True, timeout=120)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            with open(png, "rb") as f:
+                header = f.read(8)
+            self.assertEqual(header, b"\x89PNG\r\n\x1a\n")
+            self.assertGreater(os.path.getsize(png), 10000)
+
+
 class TrainBadInput(Run):
     def assert_bad(self, ranks, args, *needles, extra=()):
         r = autoaccum(ranks, "train", *args, timeout=30)
