@@ -351,7 +351,8 @@ void write_string_attribute(hid_t file, const std::string& path, const std::stri
   Handle space(scalar ? check(H5Screate(H5S_SCALAR), where)
                       : check(H5Screate_simple(1, &count, nullptr), where));
   const char* none = "";
-  write_attribute_raw(file, path, name, type.id(), space.id(), pointers.empty() ? &none : pointers.data());
+  write_attribute_raw(file, path, name, type.id(), space.id(),
+                      pointers.empty() ? &none : pointers.data());
 }
 
 }  // namespace

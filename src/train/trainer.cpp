@@ -394,14 +394,16 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
   try {
     for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
       const data::Batch micro = slab.slice(offset, m);
-      if (options.inject_oom && options.inject_oom->fires(rank, micro.rows(), step)) {
-        memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
-                                    std::to_string(micro.rows()));
-      }
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i < input_count; ++i)
         inputs.push_back(micro[i]);
       at::Tensor output = model->forward(inputs);
+      // Injected after the forward pass, so the activations exist when it throws, as in a real
+      // OOM late in forward; they must be released like a real one's.
+      if (options.inject_oom && options.inject_oom->fires(rank, micro.rows(), step)) {
+        memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
+                                    std::to_string(micro.rows()));
+      }
       at::Tensor micro_loss = loss_of(output, micro[input_count], global_rows);
       micro_loss.backward();
       local_loss += micro_loss.item<double>();

@@ -11,7 +11,9 @@
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -29,13 +31,15 @@ int main(int argc, char** argv) {
     // Interleaved, so both see the same machine noise.
     MPI_Barrier(MPI_COMM_WORLD);
     double t = now();
-    MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(n + slots), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(n + slots), MPI_FLOAT, MPI_SUM,
+                  MPI_COMM_WORLD);
     fused.push_back(now() - t);
     MPI_Barrier(MPI_COMM_WORLD);
     t = now();
     long long flag = 0;
     MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                  MPI_COMM_WORLD);
     separate.push_back(now() - t);
   }
   auto median = [](std::vector<double> v) {

@@ -126,14 +126,16 @@ TEST_F(TrainerTest, PartialOomOnRankOneEndsEveryRankAtEightAndMatchesFixedEight)
   reference.run();
   auto a = injected.model().parameters();
   auto b = reference.model().parameters();
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
 
   if (world.rank() == 0) {
     const auto log = io::read_run_log(o.run_log);
     const auto* ranks = log.column("oom", "rank");
     ASSERT_NE(ranks, nullptr);
     ASSERT_FALSE(ranks->values.empty());
-    for (double rank : ranks->values) EXPECT_EQ(rank, 1.0) << "only rank 1 ran out of memory";
+    for (double rank : ranks->values)
+      EXPECT_EQ(rank, 1.0) << "only rank 1 ran out of memory";
     EXPECT_EQ(log.attribute("status"), "completed");
   }
 }
@@ -170,10 +172,12 @@ TEST_F(TrainerTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   EXPECT_EQ(r.steps_done, 20);
   auto a = uninterrupted.model().parameters();
   auto b = resumed.model().parameters();
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
   if (world.rank() == 0) {
     const auto log = io::read_run_log(first.run_log);
-    EXPECT_EQ(log.column("steps", "step")->values.size(), 20u) << "the resumed run appends to the log";
+    EXPECT_EQ(log.column("steps", "step")->values.size(), 20u)
+        << "the resumed run appends to the log";
   }
 }
 
@@ -208,7 +212,8 @@ TEST_F(TrainerTest, ARealBudgetForcesASmallerMicroBatchAndIsRespected) {
   EXPECT_GT(r.oom_events, 0);
   if (world.rank() == 0) {
     const auto log = io::read_run_log(o.run_log);
-    for (double peak : log.column("ranks", "peak_bytes")->values) EXPECT_LE(peak, static_cast<double>(limit));
+    for (double peak : log.column("ranks", "peak_bytes")->values)
+      EXPECT_LE(peak, static_cast<double>(limit));
   }
 }
 
@@ -243,7 +248,11 @@ TEST_F(TrainerTest, LiveBytesDoNotGrowAcrossTenForcedRetries) {
     EXPECT_EQ(r.final_micro_batch, 1);
     EXPECT_GE(r.oom_events, 9);
   }
-  EXPECT_EQ(after_retries, after_plain) << "live bytes before any trainer: " << before;
+  // Equal up to malloc's rounding of small blocks (tens of bytes). The injected OOM fires after
+  // the forward pass, so each failed attempt held activations (at micro-batch 512, two hidden
+  // layers of 512 x 16 floats and more: tens of KiB) that must all have been released.
+  EXPECT_LE(std::abs(after_retries - after_plain), 1024)
+      << "retries " << after_retries << ", plain " << after_plain << ", before " << before;
 }
 
 }  // namespace

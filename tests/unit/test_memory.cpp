@@ -95,7 +95,8 @@ TEST(Injection, ParsesAndFires) {
   EXPECT_FALSE(s->fires(0, 5, 2));
   EXPECT_TRUE(s->fires(0, 5, 3));
   EXPECT_FALSE(parse_oom_injection("").has_value());
-  for (const char* bad : {"rank=1", "above=3", "rank=a,above=1", "rank=1,above=2,color=3", "rank"}) {
+  for (const char* bad :
+       {"rank=1", "above=3", "rank=a,above=1", "rank=1,above=2,color=3", "rank"}) {
     EXPECT_THROW(parse_oom_injection(bad), UsageError) << bad;
   }
 }

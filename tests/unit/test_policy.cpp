@@ -16,7 +16,8 @@ TEST(MicroBatchPolicy, AutoHalvesToOneThenStops) {
   EXPECT_EQ(p.current(), 100);
   EXPECT_EQ(p.accumulation(100), 1);
   std::vector<std::int64_t> sizes;
-  while (auto next = p.after_oom()) sizes.push_back(*next);
+  while (auto next = p.after_oom())
+    sizes.push_back(*next);
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{50, 25, 12, 6, 3, 1}));
   EXPECT_EQ(p.current(), 1);
   EXPECT_EQ(p.accumulation(100), 100);

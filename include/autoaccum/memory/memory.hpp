@@ -41,8 +41,9 @@ bool is_out_of_memory(const std::exception& e) noexcept;
 // After an agreed OOM: returns cached blocks (CUDA's caching allocator when built with CUDA).
 void release_cached_memory() noexcept;
 
-// --inject-oom rank=R,above=M[,step=S]: rank R throws the same OOM as a real one during forward
-// whenever the micro-batch has more than M rows (at optimizer step S only, when given).
+// --inject-oom rank=R,above=M[,step=S]: rank R throws the same OOM as a real one at the end of the
+// forward pass (activations allocated) whenever the micro-batch has more than M rows (at optimizer
+// step S only, when given).
 struct OomInjection {
   int rank = 0;
   std::int64_t above = 0;
