@@ -4,7 +4,12 @@
 #include <ATen/ATen.h>
 #include <glob.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "autoaccum/core/error.hpp"
@@ -92,7 +97,36 @@ struct SlabReader::Shard {
   hdf5::File file;
   std::vector<hdf5::Dataset> datasets;  // parallel to schema_.fields
   std::int64_t rows = 0;
+  // For contiguous, unfiltered, native-typed datasets: the data's byte offset, read with
+  // pread(2) on `descriptor`, which skips HDF5's per-call selection work (it dominates slabs of
+  // a few hundred KiB). -1: read through HDF5.
+  std::vector<std::int64_t> raw_offsets;
+  int descriptor = -1;
+  ~Shard() {
+    if (descriptor >= 0) ::close(descriptor);
+  }
 };
+
+namespace {
+
+// Reads exactly `bytes` at `offset`, or fails naming the file.
+void pread_exactly(int descriptor, const std::string& path, char* out, std::int64_t bytes,
+                   std::int64_t offset) {
+  while (bytes > 0) {
+    const ssize_t got = ::pread(descriptor, out, static_cast<std::size_t>(bytes), offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      throw InputError(
+          "'" + path + "': read failed at byte " + std::to_string(offset) + ": " +
+          (got == 0 ? std::string("unexpected end of file (truncated?)") : std::strerror(errno)));
+    }
+    out += got;
+    offset += got;
+    bytes -= got;
+  }
+}
+
+}  // namespace
 
 SlabReader::~SlabReader() = default;
 SlabReader::SlabReader(SlabReader&&) noexcept = default;
@@ -115,7 +149,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
   std::optional<std::int64_t> declared_classes;
   std::string declared_in;
   for (const auto& path : paths_) {
-    auto shard = std::make_unique<Shard>(Shard{hdf5::File::open(path), {}, 0});
+    std::unique_ptr<Shard> shard(new Shard{hdf5::File::open(path), {}, 0, {}, -1});
     for (std::size_t i = 0; i < names.size(); ++i) {
       const std::string& name = names[i];
       const bool is_target = i + 1 == names.size();
@@ -185,6 +219,13 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
       declared_classes = classes;
       declared_in = path;
     }
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const auto offset = shard->datasets[i].raw_offset(file_type(schema_.fields[i].type));
+      shard->raw_offsets.push_back(offset ? *offset : -1);
+      if (offset && shard->descriptor < 0)
+        shard->descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    }
+    if (shard->descriptor < 0) std::fill(shard->raw_offsets.begin(), shard->raw_offsets.end(), -1);
     shard_first_row_.push_back(schema_.rows);
     schema_.rows += shard->rows;
     shards_.push_back(std::move(shard));
@@ -258,12 +299,17 @@ Batch SlabReader::read(std::int64_t begin, std::int64_t end) const {
       const std::int64_t local_first = begin + done - shard_first_row_[s];
       const std::int64_t count = std::min(rows - done, shards_[s]->rows - local_first);
       if (count <= 0) continue;
-      if (field.type == FieldType::kUInt8) {
-        shards_[s]->datasets[f].read_rows(local_first, count, hdf5::DType::kUInt8,
-                                          raw.data() + done * per_row);
+      const Shard& shard = *shards_[s];
+      const std::int64_t element =
+          field.type == FieldType::kUInt8 ? 1 : static_cast<std::int64_t>(tensor.element_size());
+      char* out = field.type == FieldType::kUInt8
+                      ? reinterpret_cast<char*>(raw.data()) + done * per_row
+                      : static_cast<char*>(tensor.data_ptr()) + done * per_row * element;
+      if (shard.raw_offsets[f] >= 0) {
+        pread_exactly(shard.descriptor, paths_[s], out, count * per_row * element,
+                      shard.raw_offsets[f] + local_first * per_row * element);
       } else {
-        auto* out = static_cast<char*>(tensor.data_ptr()) + done * per_row * tensor.element_size();
-        shards_[s]->datasets[f].read_rows(local_first, count, file_type(field.type), out);
+        shard.datasets[f].read_rows(local_first, count, file_type(field.type), out);
       }
       done += count;
     }

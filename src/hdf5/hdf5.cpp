@@ -495,6 +495,20 @@ bool Dataset::filtered() const {
   return H5Pget_nfilters(properties.id()) > 0;
 }
 
+std::optional<std::int64_t> Dataset::raw_offset(DType type) const {
+  ErrorSilencer quiet;
+  if (type == DType::kOther) return std::nullopt;
+  Handle properties(H5Dget_create_plist(handle_.id()));
+  if (!properties.valid() || H5Pget_layout(properties.id()) != H5D_CONTIGUOUS) return std::nullopt;
+  if (H5Pget_nfilters(properties.id()) != 0 || H5Pget_external_count(properties.id()) != 0)
+    return std::nullopt;
+  Handle file_type(H5Dget_type(handle_.id()));
+  if (!file_type.valid() || H5Tequal(file_type.id(), native_type(type)) <= 0) return std::nullopt;
+  const haddr_t offset = H5Dget_offset(handle_.id());
+  if (offset == HADDR_UNDEF) return std::nullopt;
+  return static_cast<std::int64_t>(offset);
+}
+
 void Dataset::read_rows(std::int64_t first, std::int64_t rows, DType type, void* out) const {
   ErrorSilencer quiet;
   const std::string where = context("cannot read rows [" + std::to_string(first) + ", " +

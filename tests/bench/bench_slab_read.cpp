@@ -17,10 +17,13 @@
 
 #include "autoaccum/data/batch_plan.hpp"
 #include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/memory/memory.hpp"
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -30,17 +33,20 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc < 2) {
-    if (rank == 0) std::fprintf(stderr, "usage: bench_slab_read FILE [global_batch] [repetitions]\n");
+    if (rank == 0)
+      std::fprintf(stderr, "usage: bench_slab_read FILE [global_batch] [repetitions]\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   const std::string path = argv[1];
   const std::int64_t batch = argc > 2 ? std::atoll(argv[2]) : 4096;
   const int repetitions = argc > 3 ? std::atoi(argv[3]) : 3;
 
+  autoaccum::memory::tune_malloc();  // as the trainer does: freed slabs stay mapped
   autoaccum::data::SlabReader reader({path}, {"x"}, "y", /*check_labels=*/false);
   const auto& schema = reader.schema();
   std::int64_t row_bytes = 4;
-  for (auto d : schema.fields.front().row_shape) row_bytes *= d;
+  for (auto d : schema.fields.front().row_shape)
+    row_bytes *= d;
   autoaccum::data::BatchPlan plan(schema.rows, batch, size, autoaccum::data::Shuffle::kBatch, 1);
 
   // Where x starts in the file (contiguous layout), for the sequential baseline.
@@ -73,10 +79,12 @@ int main(int argc, char** argv) {
     t = now();
     std::int64_t done = 0;
     // This rank's share of the file, front to back, in slab-sized reads.
-    const std::int64_t share_begin = static_cast<std::int64_t>(offset) +
-                                     autoaccum::data::BatchPlan::rank_part(schema.rows, size, rank).begin * row_bytes;
+    const std::int64_t share_begin =
+        static_cast<std::int64_t>(offset) +
+        autoaccum::data::BatchPlan::rank_part(schema.rows, size, rank).begin * row_bytes;
     while (done < bytes) {
-      const auto want = static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(buffer.size()), bytes - done));
+      const auto want = static_cast<std::size_t>(
+          std::min<std::int64_t>(static_cast<std::int64_t>(buffer.size()), bytes - done));
       const ssize_t got = pread(fd, buffer.data(), want, share_begin + done);
       if (got <= 0) break;
       done += got;
@@ -97,10 +105,14 @@ int main(int argc, char** argv) {
   MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0) {
     const double gb = static_cast<double>(bytes) * size / 1e9;
-    std::printf("%d ranks, %.2f GB per epoch of x, global batch %lld, %d repetitions (medians, slowest rank)\n",
-                size, gb, static_cast<long long>(batch), repetitions);
-    std::printf("slab reads (SlabReader, shuffled batches): %.3f s, %.2f GB/s\n", worst[0], gb / worst[0]);
-    std::printf("plain sequential pread of the same bytes:  %.3f s, %.2f GB/s\n", worst[1], gb / worst[1]);
+    std::printf(
+        "%d ranks, %.2f GB per epoch of x, global batch %lld, %d repetitions (medians, slowest "
+        "rank)\n",
+        size, gb, static_cast<long long>(batch), repetitions);
+    std::printf("slab reads (SlabReader, shuffled batches): %.3f s, %.2f GB/s\n", worst[0],
+                gb / worst[0]);
+    std::printf("plain sequential pread of the same bytes:  %.3f s, %.2f GB/s\n", worst[1],
+                gb / worst[1]);
     std::printf("slab / sequential bandwidth = %.3f\n", worst[1] / worst[0]);
   }
   MPI_Finalize();

@@ -24,7 +24,8 @@ class Files : public testing::Test {
 
   // x uint8 [rows, 2, 3] with x[r] = (r * 6 + k) % 251, y int64 = r % classes.
   std::string write_images(const std::string& name, std::int64_t first_row, std::int64_t rows,
-                           std::int64_t classes = 10, bool attribute = true) {
+                           std::int64_t classes = 10, bool attribute = true,
+                           std::int64_t chunk_rows = 0) {
     std::vector<std::uint8_t> x(static_cast<std::size_t>(rows * 6));
     std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -98,6 +99,17 @@ TEST_F(Files, ThreeShardsGiveTheSameRowsInTheSameOrderAsOneFile) {
   }
   Batch across = sharded.read(40, 80);  // crosses s0|s1 and s1|s2
   EXPECT_TRUE(torch::equal(across.get("y"), one.read(40, 80).get("y")));
+}
+
+TEST_F(Files, ChunkedDatasetsReadThroughHdf5GiveTheSameRows) {
+  // Contiguous datasets are read with pread at their offset; chunked ones through HDF5.
+  SlabReader contiguous({write_images("contiguous.h5", 0, 100)}, {"x"}, "y");
+  SlabReader chunked({write_images("chunked.h5", 0, 100, 10, true, 7)}, {"x"}, "y");
+  for (auto [begin, end] : {std::pair{0, 100}, std::pair{3, 17}, std::pair{95, 100}}) {
+    Batch a = contiguous.read(begin, end), b = chunked.read(begin, end);
+    EXPECT_TRUE(torch::equal(a.get("x"), b.get("x")));
+    EXPECT_TRUE(torch::equal(a.get("y"), b.get("y")));
+  }
 }
 
 TEST_F(Files, GlobExpandsInNameOrder) {

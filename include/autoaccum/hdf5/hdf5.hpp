@@ -127,6 +127,11 @@ class Dataset {
   std::int64_t chunk_rows() const;
   bool filtered() const;
 
+  // The byte offset of the data in the file when it can be read with plain pread(2): contiguous
+  // layout, allocated, no filters, no external storage, and stored exactly as `type` is in
+  // memory (same size and byte order). Otherwise nothing.
+  std::optional<std::int64_t> raw_offset(DType type) const;
+
   // Reads rows [first, first + rows) of the whole trailing shape into `out` (`type` is the
   // memory element type; HDF5 converts from the file's type when they differ).
   void read_rows(std::int64_t first, std::int64_t rows, DType type, void* out) const;
