@@ -106,12 +106,14 @@ hid_t native_type(DType type) {
 
 // ---- File ----
 
-File File::open(const std::string& path, bool writable) {
+File File::open(const std::string& path, bool writable, bool lock) {
   ErrorSilencer quiet;
   // Fail with our own reason first: HDF5's message for a directory or missing file is obscure.
   const std::string reason = why_cannot_open(path);
   if (!reason.empty()) throw Hdf5Error("cannot open " + quoted(path) + ": " + reason);
-  const hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
+  Handle access(check(H5Pcreate(H5P_FILE_ACCESS), "cannot open " + quoted(path)));
+  if (!lock) check(H5Pset_file_locking(access.id(), false, true), "cannot open " + quoted(path));
+  const hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, access.id());
   if (id < 0) fail("cannot open " + quoted(path));
   return File(path, Handle(id));
 }

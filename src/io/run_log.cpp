@@ -135,7 +135,9 @@ void RunLogWriter::finish(const std::string& status, const std::string& message)
 }
 
 void RunLogWriter::write(const std::string& status, const std::string& message) {
-  auto file = hdf5::File::open(path_, /*writable=*/true);
+  // Without a lock: readers may hold the file open while the job runs, and the job must not
+  // fail for it. Rows stay buffered until a write succeeds.
+  auto file = hdf5::File::open(path_, /*writable=*/true, /*lock=*/false);
   append_rows(file, "steps/step", column(steps_, [](const StepRow& r) { return r.step; }));
   append_rows(file, "steps/epoch", column(steps_, [](const StepRow& r) { return r.epoch; }));
   append_rows(file, "steps/micro_batch",

@@ -128,6 +128,22 @@ struct Trainer::State {
   at::Tensor loss_of(const at::Tensor& output, const at::Tensor& target, std::int64_t global_rows);
   bool attempt(const data::Batch& slab, std::int64_t m, double& loss);
   void evaluate();
+  // Flushes (or finishes) the run log. A failure here must not stop training: it is reported
+  // and the rows stay buffered for the next flush.
+  void write_log(const std::string& status = "", const std::string& message = "") {
+    if (!run_log) return;
+    run_log->set_peak_bytes(peak_bytes);
+    run_log->set_final_micro_batch(policy->current());
+    try {
+      if (status.empty())
+        run_log->flush();
+      else
+        run_log->finish(status, message);
+    } catch (const std::exception& e) {
+      std::cerr << "autoaccum: warning: run log not updated (" << e.what() << "); will retry"
+                << std::endl;
+    }
+  }
   void say(const std::string& line) const {
     if (root) std::cout << line << std::endl;
   }
@@ -514,11 +530,7 @@ TrainResult Trainer::run() {
   const std::int64_t first_step = s.step;
   double last_loss = 0;
   auto fail_run = [&](const std::string& message, ExitCode code) {
-    if (s.run_log) {
-      s.run_log->set_peak_bytes(s.peak_bytes);
-      s.run_log->set_final_micro_batch(s.policy->current());
-      s.run_log->finish("failed", message);
-    }
+    s.write_log("failed", message);
     throw CollectiveError(message, code, 0);
   };
 
@@ -619,9 +631,7 @@ TrainResult Trainer::run() {
       s.run_log->add(row);
       ++s.steps_since_flush;
       if (retries > 0 || s.steps_since_flush >= 10 || seconds_since(s.last_flush) > 5.0) {
-        s.run_log->set_peak_bytes(s.peak_bytes);
-        s.run_log->set_final_micro_batch(s.policy->current());
-        s.run_log->flush();
+        s.write_log();
         s.steps_since_flush = 0;
         s.last_flush = Clock::now();
       }
@@ -646,11 +656,7 @@ TrainResult Trainer::run() {
       s.save_checkpoint();
     if (stop && s.step < s.total_steps) {
       s.save_checkpoint();
-      if (s.run_log) {
-        s.run_log->set_peak_bytes(s.peak_bytes);
-        s.run_log->set_final_micro_batch(s.policy->current());
-        s.run_log->finish("preempted");
-      }
+      s.write_log("preempted");
       s.say("autoaccum: stopped by a signal at step " + std::to_string(s.step) +
             (o.checkpoint.empty() ? std::string(" (no --checkpoint given: progress is lost)")
                                   : "; checkpoint written to " + o.checkpoint));
@@ -662,11 +668,7 @@ TrainResult Trainer::run() {
   if (!s.result.preempted) {
     s.evaluate();
     s.save_checkpoint();
-    if (s.run_log) {
-      s.run_log->set_peak_bytes(s.peak_bytes);
-      s.run_log->set_final_micro_batch(s.policy->current());
-      s.run_log->finish("completed");
-    }
+    s.write_log("completed");
   }
   s.result.steps_done = s.step;
   s.result.final_micro_batch = s.policy->current();

@@ -179,6 +179,29 @@ class RunLogEndToEnd(Run):
             np.testing.assert_array_equal(f["steps/step"][:], np.arange(n))
             self.assertEqual(text(f.attrs["status"]), "running")
 
+    def test_a_reader_holding_the_log_open_does_not_stop_the_job(self):
+        log = self.path("held.h5")
+        command = [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
+                   "--hidden", "32,32", "--threads", "1", "--global-batch", "100",
+                   "--steps", "3000", "--run-log", log, "--log-every", "0"]
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = None
+        while held is None and time.monotonic() < deadline:
+            try:
+                held = h5py.File(log, "r")  # keep it open while the job flushes
+            except OSError:
+                time.sleep(0.05)
+        time.sleep(3)
+        held.close()
+        out, err = job.communicate(timeout=120)
+        self.assertEqual(job.returncode, 0, out + err)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            self.assertEqual(len(f["steps/step"]), 3000)
+
     def test_sigusr1_checkpoints_exits_4_and_resume_completes(self):
         log, checkpoint = self.path("preempt.h5"), self.path("preempt-ckpt.h5")
         command = [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,

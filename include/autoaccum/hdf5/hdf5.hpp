@@ -69,7 +69,9 @@ class File {
  public:
   // Opens an existing file. Read-only unless `writable`. A missing, unreadable, or non-HDF5 file
   // is an Hdf5Error naming it.
-  static File open(const std::string& path, bool writable = false);
+  // `lock = false` skips HDF5's file lock, so a writer is not refused while a reader (h5py,
+  // `autoaccum log`) has the file open; used for the run log, whose writer is the only one.
+  static File open(const std::string& path, bool writable = false, bool lock = true);
   // Creates (truncates) a file.
   static File create(const std::string& path);
 

@@ -1,0 +1,127 @@
+"""The Slurm job script on a single-node Slurm cluster started on this machine (jobs/ci):
+a small job completes; a job signalled mid-run checkpoints, exits 4, is requeued, resumes at
+the learned micro-batch without a new search, and ends bit for bit where an uninterrupted run
+ends."""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import h5py
+import numpy as np
+
+from harness import BIN, autoaccum
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SBATCH = os.path.join(ROOT, "jobs", "slurm", "train.sbatch")
+CONFIG = os.path.join(ROOT, "jobs", "configs", "ci-small.ini")
+HAVE_SLURM = all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "munged"))
+
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@unittest.skipUnless(HAVE_SLURM and os.geteuid() == 0, "needs root and Slurm (jobs/setup.sh installs it)")
+class Slurm(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="autoaccum-slurm-")
+        os.chmod(cls.dir, 0o755)
+        cls.state = os.path.join(cls.dir, "cluster")
+        up = subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), cls.state],
+                            capture_output=True, text=True, timeout=60)
+        if up.returncode != 0:
+            raise RuntimeError("slurm-up failed:\n" + up.stdout + up.stderr)
+        cls.env = dict(os.environ, SLURM_CONF=os.path.join(cls.state, "slurm.conf"),
+                       AUTOACCUM_BIN=BIN, AUTOACCUM_CONFIG=CONFIG,
+                       AUTOACCUM_RUNS=os.path.join(cls.dir, "runs"))
+        os.makedirs(os.path.join(cls.dir, "runs"))
+        cls.data = os.path.join(cls.dir, "synth.h5")
+        r = autoaccum(1, "synth", "--out", cls.data, "--rows", 2000, "--features", 20,
+                      "--classes", 4, "--seed", 1)
+        assert r.returncode == 0, r
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-down.sh"), cls.state], timeout=60)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def slurm(self, *command, timeout=60):
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout,
+                              env=self.env, cwd=self.dir)
+
+    def job_state(self, job):
+        fields = dict(item.split("=", 1) for item in
+                      self.slurm("scontrol", "show", "job", "-o", job).stdout.split() if "=" in item)
+        return fields.get("JobState"), int(fields.get("Restarts", 0)), fields.get("ExitCode")
+
+    def test_small_job_completes(self):
+        r = self.slurm("sbatch", "--wait", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                       "--data", self.data, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        job = r.stdout.split()[-1]
+        with h5py.File(f"{self.dir}/runs/{job}.h5", "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            self.assertEqual(len(f["steps/step"]), 60)
+            self.assertEqual(int(f.attrs["final_micro_batch"]), 12)
+
+    def test_preempted_job_is_requeued_resumes_and_matches_an_uninterrupted_run(self):
+        steps = "20000"  # ~20 s: long enough to be signalled mid-run
+        r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                       "--data", self.data, "--steps", steps, "--log-every", "5000")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip().split(";")[0]
+        log = f"{self.dir}/runs/{job}.h5"
+        checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
+        # Wait until it trains, then signal the ranks as a preemption would.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with h5py.File(log, "r") as f:
+                    if len(f["steps/step"]) >= 100:
+                        break
+            except (OSError, KeyError):
+                pass
+            time.sleep(0.3)
+        self.assertEqual(self.slurm("scancel", "--signal=USR1", job).returncode, 0)
+        # Slurm holds a requeued job for about two minutes before it may start again; the test
+        # lets it start at once (the requeue itself is the job script's doing).
+        deadline = time.monotonic() + 200
+        released = False
+        while time.monotonic() < deadline:
+            state, restarts, exit_code = self.job_state(job)
+            if state == "PENDING" and restarts >= 1 and not released:
+                self.slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+                released = True
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                break
+            time.sleep(1)
+        with open(f"{self.dir}/runs/slurm-{job}.out") as out:
+            output = out.read()
+        self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
+        self.assertIn("Exited with exit code 4", output)
+        self.assertIn("requeueing job", output)
+        stopped = int(output.split("stopped by a signal at step ")[1].split(";")[0])
+        self.assertIn(f"resumed at step {stopped} with micro-batch 12", output)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(int(steps)))
+            self.assertTrue(np.all(f["oom/step"][:] == 0), "no new search after the requeue")
+        # The same job, uninterrupted, under mpirun.
+        reference = f"{self.dir}/reference.ckpt.h5"
+        r = autoaccum(2, "train", "--config", CONFIG, "--data", self.data, "--steps", steps,
+                      "--checkpoint", reference, "--log-every", 0, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
+            self.assertEqual(int(a.attrs["step"]), int(steps))
+            names = list(b["params"].keys())
+            self.assertTrue(names)
+            for name in names:
+                np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
+
+
+if __name__ == "__main__":
+    unittest.main()
