@@ -68,6 +68,22 @@ class Slurm(unittest.TestCase):
             self.assertEqual(len(f["steps/step"]), 60)
             self.assertEqual(int(f.attrs["final_micro_batch"]), 12)
 
+    def test_array_sweep_over_global_batch_compares_in_one_table(self):
+        sweep = os.path.join(ROOT, "jobs", "slurm", "sweep.sbatch")
+        env = dict(self.env, AUTOACCUM_SWEEP="100 200", AUTOACCUM_HOME=ROOT)
+        r = subprocess.run(["sbatch", "--wait", "--array=0-1", "--output", f"{self.dir}/runs/slurm-%A_%a.out",
+                            sweep, "--data", self.data, "--steps", "20"],
+                           capture_output=True, text=True, timeout=240, env=env, cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        job = r.stdout.split()[-1]
+        logs = [f"{self.dir}/runs/{job}_{i}.h5" for i in (0, 1)]
+        table = autoaccum(1, "log", *logs)
+        self.assertEqual(table.returncode, 0, table)
+        rows = table.stdout.splitlines()[1:]
+        self.assertEqual(len(rows), 2, table.stdout)
+        self.assertEqual(rows[0].split()[1:4], ["completed", "2", "100"])
+        self.assertEqual(rows[1].split()[1:4], ["completed", "2", "200"])
+
     def test_preempted_job_is_requeued_resumes_and_matches_an_uninterrupted_run(self):
         steps = "20000"  # ~20 s: long enough to be signalled mid-run
         r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
