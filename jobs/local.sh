@@ -31,13 +31,27 @@ fi
 
 mkdir -p runs
 log="runs/local-$(date +%Y%m%d-%H%M%S).h5"
-set -x
+echo "+ ${mpi[*]} build/autoaccum train ... (Ctrl-C or SIGTERM: checkpoint, then exit 4)"
 "${mpi[@]}" build/autoaccum train \
   --data data/fashion-mnist-train.h5 --val-data data/fashion-mnist-test.h5 \
   --model cnn --global-batch 256 --epochs 3 --lr 0.05 --schedule cosine --warmup-steps 50 \
   --memory-limit 12MiB --eval-every 234 --log-every 50 \
-  --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
-set +x
+  --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@" &
+job=$!
+# mpirun forwards SIGUSR1 to the ranks and returns their exit code; SIGTERM or SIGINT sent to
+# mpirun itself would end it with code 1. So this script takes those and passes on SIGUSR1.
+trap 'echo "local.sh: stopping: the ranks write a checkpoint at the next step"; kill -USR1 $job' TERM INT
+rc=0
+wait "$job" || rc=$?
+while kill -0 "$job" 2>/dev/null; do  # wait returns early when a trapped signal arrives
+  rc=0
+  wait "$job" || rc=$?
+done
+if [[ $rc -ne 0 ]]; then
+  echo "local.sh: training ended with exit code $rc (4: stopped after a checkpoint; resume with --resume)"
+  [[ -f $log ]] && build/autoaccum log "$log" | tail -3
+  exit "$rc"
+fi
 echo
 build/autoaccum log "$log"
 echo "plot it: jobs/plot-run.py $log -o ${log%.h5}.png"
