@@ -2,6 +2,9 @@
 #include "autoaccum/io/checkpoint.hpp"
 
 #include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/error.hpp"
@@ -71,6 +74,10 @@ std::vector<std::string> names_under(const hdf5::File& file, const std::string& 
 
 }  // namespace
 
+std::string previous_checkpoint_path(const std::string& path) {
+  return path + ".prev";
+}
+
 void write_checkpoint(const std::string& path, const Checkpoint& c) {
   write_atomically(path, [&](const std::string& temporary) {
     auto file = hdf5::File::create(temporary);
@@ -96,7 +103,39 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("world_size", c.world_size);
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
     file.flush();
+    // The new one is complete: keep the current one as the previous before it is replaced.
+    if (access(path.c_str(), F_OK) == 0 &&
+        std::rename(path.c_str(), previous_checkpoint_path(path).c_str()) != 0) {
+      throw InputError("cannot keep the previous checkpoint as '" + previous_checkpoint_path(path) +
+                       "'");
+    }
   });
+}
+
+std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) {
+  const std::string previous = previous_checkpoint_path(path);
+  const bool have_newest = access(path.c_str(), F_OK) == 0;
+  const bool have_previous = access(previous.c_str(), F_OK) == 0;
+  if (!have_newest && !have_previous) return std::nullopt;
+  std::string problem;
+  if (have_newest) {
+    try {
+      return LoadedCheckpoint{read_checkpoint(path), path, ""};
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (!have_previous)
+      throw InputError("--resume: " + problem + " (and there is no previous checkpoint)");
+  }
+  try {
+    return LoadedCheckpoint{
+        read_checkpoint(previous), previous,
+        have_newest ? "the newest checkpoint is unreadable (" + problem +
+                          "); resuming from the previous one, " + previous
+                    : "no " + path + " (a crash between two renames?); resuming from " + previous};
+  } catch (const Error& e) {
+    throw InputError("--resume: neither checkpoint is readable: " + problem + "; " + e.what());
+  }
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

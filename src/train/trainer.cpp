@@ -240,13 +240,11 @@ void Trainer::State::setup() {
   if (options.resume) {
     if (options.checkpoint.empty())
       throw CollectiveError("--resume needs --checkpoint FILE", ExitCode::kUsage, 0);
-    std::optional<io::Checkpoint> loaded;
-    comm::collectively(comm, [&] {
-      if (access(options.checkpoint.c_str(), F_OK) == 0)
-        loaded = io::read_checkpoint(options.checkpoint);
-    });
+    std::optional<io::LoadedCheckpoint> loaded;
+    comm::collectively(comm, [&] { loaded = io::read_latest_checkpoint(options.checkpoint); });
     if (comm.allreduce_min(loaded ? 1 : 0) == 1) {
-      restore(*loaded);
+      if (!loaded->warning.empty()) say("autoaccum: warning: " + loaded->warning);
+      restore(loaded->checkpoint);
     } else {
       say("no checkpoint at " + options.checkpoint + " yet: starting from step 0");
     }

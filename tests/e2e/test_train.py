@@ -233,6 +233,43 @@ class RunLogEndToEnd(Run):
             np.testing.assert_array_equal(f["steps/step"][:], np.arange(total))
 
 
+class Checkpoints(Run):
+    def test_last_two_are_kept_and_a_corrupt_newest_falls_back_to_the_previous(self):
+        checkpoint = self.path("rotate.h5")
+        r = self.train(2, "--global-batch", 100, "--steps", 10, "--checkpoint-every", 4,
+                       "--checkpoint", checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(checkpoint, "r") as f, h5py.File(checkpoint + ".prev", "r") as g:
+            self.assertEqual(int(f.attrs["step"]), 10)
+            self.assertEqual(int(g.attrs["step"]), 8)
+        with open(checkpoint, "r+b") as f:
+            f.truncate(2000)
+        r = self.train(2, "--global-batch", 100, "--steps", 12, "--checkpoint", checkpoint, "--resume")
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("warning: the newest checkpoint is unreadable", r.stdout)
+        self.assertIn("resumed at step 8", r.stdout)
+        with h5py.File(checkpoint, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 12)
+
+    def test_truncated_checkpoint_without_a_previous_one_is_a_clear_error(self):
+        checkpoint = self.path("lonely.h5")
+        r = self.train(2, "--global-batch", 100, "--steps", 2, "--checkpoint", checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        if os.path.exists(checkpoint + ".prev"):
+            os.remove(checkpoint + ".prev")
+        with open(checkpoint, "r+b") as f:
+            f.truncate(1500)
+        with open(checkpoint, "rb") as f:
+            before = f.read()
+        r = self.train(2, "--global-batch", 100, "--steps", 4, "--checkpoint", checkpoint, "--resume")
+        self.assertEqual(r.returncode, 1, r)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("lonely.h5", errors[0])
+        with open(checkpoint, "rb") as f:
+            self.assertEqual(f.read(), before, "the file must not be touched")
+
+
 class PlotScript(Run):
     def test_png_for_one_and_two_runs(self):
         logs = []

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,9 +22,21 @@ struct Checkpoint {
   std::string optimizer;  // LibTorch's serialized optimizer state, at optimizer/state
 };
 
-// Written under a temporary name and renamed onto `path`: a crash leaves the previous
-// checkpoint whole.
+// Written under a temporary name and renamed onto `path`; the checkpoint that was at `path`
+// becomes `previous_checkpoint_path(path)`, so the last two are kept and a crash at any moment
+// leaves at least one whole.
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+std::string previous_checkpoint_path(const std::string& path);  // path + ".prev"
+
+struct LoadedCheckpoint {
+  Checkpoint checkpoint;
+  std::string path;     // the file it came from
+  std::string warning;  // why the newest one was skipped, if it was
+};
+// The newest readable checkpoint: `path`, or its previous one when `path` is missing, truncated
+// or corrupt (with a warning). Nothing when neither exists; InputError when both exist and
+// neither can be read.
+std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path);
 // InputError names the file when it is missing, truncated or not an autoaccum checkpoint.
 Checkpoint read_checkpoint(const std::string& path);
 
