@@ -77,6 +77,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     throw UsageError("--schedule: '" + o.schedule + "' is not one of constant, cosine");
   o.clip_grad_norm = vm["clip-grad-norm"].as<double>();
   if (o.clip_grad_norm < 0) throw UsageError("--clip-grad-norm must not be negative");
+  o.on_nonfinite = vm["on-nonfinite"].as<std::string>();
+  if (o.on_nonfinite != "stop" && o.on_nonfinite != "skip") {
+    throw UsageError("--on-nonfinite: '" + o.on_nonfinite + "' is not one of stop, skip");
+  }
   o.seed = vm["seed"].as<std::uint64_t>();
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw UsageError("--threads must not be negative");
@@ -147,6 +151,8 @@ Command train_command() {
       "learning-rate schedule after warm-up");
   add("clip-grad-norm", po::value<double>()->default_value(0.0)->value_name("C"),
       "clip the global gradient norm (0: off)");
+  add("on-nonfinite", po::value<std::string>()->default_value("stop")->value_name("stop|skip"),
+      "NaN/Inf in the loss or gradients on any rank: stop with an error, or skip the step");
   add("seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"),
       "seed for initialisation and shuffling");
   add("threads", po::value<int>()->default_value(0)->value_name("T"),

@@ -31,7 +31,8 @@ const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
         {"samples_per_second", false},
         {"oom_retries", true},
         {"data_wait_seconds", false},
-        {"peak_bytes", true}}},
+        {"peak_bytes", true},
+        {"skipped", true}}},
       {"oom", {{"step", true}, {"rank", true}, {"micro_batch", true}, {"next_micro_batch", true}}},
       {"eval", {{"step", true}, {"loss", false}, {"accuracy", false}}},
       {"ranks", {{"rank", true}, {"peak_bytes", true}}},
@@ -156,6 +157,7 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
               column(steps_, [](const StepRow& r) { return r.data_wait_seconds; }));
   append_rows(file, "steps/peak_bytes",
               column(steps_, [](const StepRow& r) { return r.peak_bytes; }));
+  append_rows(file, "steps/skipped", column(steps_, [](const StepRow& r) { return r.skipped; }));
   append_rows(file, "oom/step", column(ooms_, [](const OomRow& r) { return r.step; }));
   append_rows(file, "oom/rank", column(ooms_, [](const OomRow& r) { return r.rank; }));
   append_rows(file, "oom/micro_batch",

@@ -587,27 +587,38 @@ TrainResult Trainer::run() {
     float* slot = s.gradients->slots();
     const bool stop = slot[s.slots.stop()] > 0;
     at::Tensor grads = s.gradients->gradients();
-    if (!std::isfinite(loss) || !grads.isfinite().all().item<bool>()) {
+    // Every rank sees the same reduced loss and gradients, so a NaN or Inf on any rank is seen
+    // by all, and all take the same decision.
+    const bool finite = std::isfinite(loss) && grads.isfinite().all().item<bool>();
+    if (!finite && o.on_nonfinite != "skip") {
       fail_run("non-finite loss or gradient at step " + std::to_string(s.step) + " (loss " +
-                   std::to_string(loss) + "); lower --lr or set --clip-grad-norm",
+                   std::to_string(loss) +
+                   "); lower --lr, set --clip-grad-norm, or --on-nonfinite skip",
                ExitCode::kInternal);
     }
-    if (o.clip_grad_norm > 0) {
-      const double norm = grads.norm().item<double>();
-      if (norm > o.clip_grad_norm) grads.mul_(o.clip_grad_norm / (norm + 1e-6));
-    }
     const double lr = s.schedule.lr(s.step);
-    for (auto& group : s.optimizer->param_groups())
-      group.options().set_lr(lr);
-    try {
-      s.optimizer->step();
-    } catch (const std::exception& e) {
-      if (!memory::is_out_of_memory(e)) throw;
-      // The optimizer's state does not shrink with the micro-batch: nothing to retry.
-      throw Error("rank " + std::to_string(s.rank) +
-                      ": out of memory in the optimizer step (limit " +
-                      memory::format_bytes(o.memory_limit) + "): the optimizer state does not fit",
-                  ExitCode::kOutOfMemory);
+    if (!finite) {
+      ++s.result.skipped_steps;
+      s.say("step " + std::to_string(s.step) +
+            ": non-finite loss or gradient on some rank; step skipped (" +
+            std::to_string(s.result.skipped_steps) + " so far)");
+    } else {
+      if (o.clip_grad_norm > 0) {
+        const double norm = grads.norm().item<double>();
+        if (norm > o.clip_grad_norm) grads.mul_(o.clip_grad_norm / (norm + 1e-6));
+      }
+      for (auto& group : s.optimizer->param_groups())
+        group.options().set_lr(lr);
+      try {
+        s.optimizer->step();
+      } catch (const std::exception& e) {
+        if (!memory::is_out_of_memory(e)) throw;
+        // The optimizer's state does not shrink with the micro-batch: nothing to retry.
+        throw Error(
+            "rank " + std::to_string(s.rank) + ": out of memory in the optimizer step (limit " +
+                memory::format_bytes(o.memory_limit) + "): the optimizer state does not fit",
+            ExitCode::kOutOfMemory);
+      }
     }
     ++s.step;
     last_loss = loss;
@@ -624,6 +635,7 @@ TrainResult Trainer::run() {
       row.step_seconds = step_seconds;
       row.samples_per_second = static_cast<double>(o.global_batch) / step_seconds;
       row.oom_retries = retries;
+      row.skipped = finite ? 0 : 1;
       row.data_wait_seconds = data_wait;
       row.peak_bytes = *std::max_element(s.peak_bytes.begin(), s.peak_bytes.end());
       s.run_log->add(row);

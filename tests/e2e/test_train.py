@@ -270,6 +270,29 @@ class Checkpoints(Run):
             self.assertEqual(f.read(), before, "the file must not be touched")
 
 
+class NonFinite(Run):
+    def test_stop_by_default_and_skip_when_asked(self):
+        r = self.train(3, "--global-batch", 99, "--steps", 8, "--lr", "1e12")
+        self.assertEqual(r.returncode, 2, r)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("non-finite loss or gradient", errors[0])
+        log = self.path("nonfinite.h5")
+        checkpoint = self.path("nonfinite.ckpt.h5")
+        r = self.train(3, "--global-batch", 99, "--steps", 8, "--lr", "1e12", "--on-nonfinite", "skip",
+                       "--run-log", log, "--checkpoint", checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(log, "r") as f:
+            skipped = f["steps/skipped"][:]
+            loss = f["steps/loss"][:]
+            self.assertEqual(len(skipped), 8)
+            self.assertGreater(skipped.sum(), 0)
+            np.testing.assert_array_equal(skipped == 1, ~np.isfinite(loss))
+        with h5py.File(checkpoint, "r") as f:
+            for name in f["params"]:
+                self.assertTrue(np.all(np.isfinite(f[f"params/{name}"][:])), "never applied")
+
+
 class PlotScript(Run):
     def test_png_for_one_and_two_runs(self):
         logs = []

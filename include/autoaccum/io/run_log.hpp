@@ -24,6 +24,7 @@ struct StepRow {
   std::int64_t oom_retries = 0;
   double data_wait_seconds = 0;  // time rank 0 waited for the prefetcher in this step
   std::int64_t peak_bytes = 0;   // the largest peak over the ranks, so far
+  std::int64_t skipped = 0;      // 1: non-finite loss or gradient, no update (--on-nonfinite skip)
 };
 
 struct OomRow {

@@ -33,6 +33,7 @@ struct TrainOptions {
   std::int64_t warmup_steps = 0;
   std::string schedule = "constant";  // constant | cosine
   double clip_grad_norm = 0.0;        // 0: off
+  std::string on_nonfinite = "stop";  // stop | skip
 
   std::uint64_t seed = 0;
   int threads = 0;  // 0: cores on the node / ranks on the node
