@@ -93,7 +93,7 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   }
   o.memory_limit = memory::parse_size(vm["memory-limit"].as<std::string>());
   if (vm.count("inject-oom"))
-    o.inject_oom = memory::parse_oom_injection(vm["inject-oom"].as<std::string>());
+    o.inject_oom = memory::parse_oom_injections(vm["inject-oom"].as<std::string>());
   if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
@@ -163,7 +163,7 @@ Command train_command() {
       "gradient all-reduce backend");
   add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE"),
       "memory budget per rank, e.g. 96MiB; past it allocations fail as on a full GPU");
-  add("inject-oom", po::value<std::string>()->value_name("rank=R,above=M[,step=S]"),
+  add("inject-oom", po::value<std::string>()->value_name("rank=R,above=M[,step=S][;...]"),
       "drill: rank R runs out of memory whenever a micro-batch has more than M rows");
   add("run-log", po::value<std::string>()->value_name("FILE.h5"),
       "HDF5 run log (written by rank 0)");

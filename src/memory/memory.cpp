@@ -179,6 +179,16 @@ void release_cached_memory() noexcept {
   malloc_trim(0);
 }
 
+std::vector<OomInjection> parse_oom_injections(const std::string& text) {
+  std::vector<OomInjection> all;
+  std::stringstream in(text);
+  std::string one;
+  while (std::getline(in, one, ';')) {
+    if (auto injection = parse_oom_injection(one)) all.push_back(*injection);
+  }
+  return all;
+}
+
 std::optional<OomInjection> parse_oom_injection(const std::string& text) {
   if (text.empty()) return std::nullopt;
   OomInjection injection;

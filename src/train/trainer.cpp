@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -145,7 +146,7 @@ struct Trainer::State {
     }
   }
   void say(const std::string& line) const {
-    if (root) std::cout << line << std::endl;
+    if (root && !options.quiet) std::cout << line << std::endl;
   }
 };
 
@@ -414,7 +415,8 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
       at::Tensor output = model->forward(inputs);
       // Injected after the forward pass, so the activations exist when it throws, as in a real
       // OOM late in forward; they must be released like a real one's.
-      if (options.inject_oom && options.inject_oom->fires(rank, micro.rows(), step)) {
+      if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
+                      [&](const auto& i) { return i.fires(rank, micro.rows(), step); })) {
         memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
                                     std::to_string(micro.rows()));
       }

@@ -270,6 +270,50 @@ class Checkpoints(Run):
             self.assertEqual(f.read(), before, "the file must not be touched")
 
 
+class RankDies(Run):
+    def test_kill_9_of_one_rank_ends_the_job_and_the_checkpoint_resumes_exactly(self):
+        log, checkpoint = self.path("dies.h5"), self.path("dies.ckpt.h5")
+        steps = 20000
+        common = ["--data", self.data, "--hidden", "32,32", "--threads", "1", "--global-batch", "99",
+                  "--checkpoint-every", "50", "--log-every", "0"]
+        command = [MPIEXEC, "--oversubscribe", "-n", "3", BIN, "train", *common, "--steps", str(steps),
+                   "--run-log", log, "--checkpoint", checkpoint]
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not os.path.exists(checkpoint):
+                time.sleep(0.2)
+            time.sleep(1)
+            ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+            self.assertEqual(len(ranks), 3, ranks)
+            killed_at = time.monotonic()
+            os.kill(int(ranks[1]), signal.SIGKILL)
+            job.communicate(timeout=30)  # every rank gone within 30 s, or this times out
+            self.assertLess(time.monotonic() - killed_at, 30)
+            self.assertNotEqual(job.returncode, 0)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+        with h5py.File(log, "r") as f:
+            self.assertGreater(len(f["steps/step"]), 0)
+        with h5py.File(checkpoint, "r") as f:
+            stopped = int(f.attrs["step"])
+            self.assertGreater(stopped, 0)
+            self.assertEqual(stopped % 50, 0)
+        total = stopped + 30
+        resumed = self.train(3, *common[6:], "--steps", total,
+                             "--checkpoint", checkpoint, "--resume")
+        self.assertEqual(resumed.returncode, 0, resumed)
+        self.assertIn(f"resumed at step {stopped}", resumed.stdout)
+        reference = self.path("dies-reference.h5")
+        r = self.train(3, *common[6:], "--steps", total, "--checkpoint", reference)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
+            for name in b["params"]:
+                np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
+
+
 class NonFinite(Run):
     def test_stop_by_default_and_skip_when_asked(self):
         r = self.train(3, "--global-batch", 99, "--steps", 8, "--lr", "1e12")

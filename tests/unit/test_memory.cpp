@@ -95,6 +95,10 @@ TEST(Injection, ParsesAndFires) {
   EXPECT_FALSE(s->fires(0, 5, 2));
   EXPECT_TRUE(s->fires(0, 5, 3));
   EXPECT_FALSE(parse_oom_injection("").has_value());
+  const auto several = parse_oom_injections("rank=1,above=8;rank=2,above=4,step=3");
+  ASSERT_EQ(several.size(), 2u);
+  EXPECT_EQ(several[1].rank, 2);
+  EXPECT_EQ(several[1].step, 3);
   for (const char* bad :
        {"rank=1", "above=3", "rank=a,above=1", "rank=1,above=2,color=3", "rank"}) {
     EXPECT_THROW(parse_oom_injection(bad), UsageError) << bad;

@@ -5,6 +5,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace autoaccum::memory {
 
@@ -53,5 +54,7 @@ struct OomInjection {
   }
 };
 std::optional<OomInjection> parse_oom_injection(const std::string& text);
+// Several injections separated by ';' ("rank=1,above=8;rank=2,above=4,step=3").
+std::vector<OomInjection> parse_oom_injections(const std::string& text);
 
 }  // namespace autoaccum::memory

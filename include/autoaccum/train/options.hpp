@@ -39,8 +39,8 @@ struct TrainOptions {
   int threads = 0;  // 0: cores on the node / ranks on the node
   std::string device = "cpu";
   std::string backend = "auto";
-  std::int64_t memory_limit = 0;  // bytes per rank; 0: none
-  std::optional<memory::OomInjection> inject_oom;
+  std::int64_t memory_limit = 0;                 // bytes per rank; 0: none
+  std::vector<memory::OomInjection> inject_oom;  // --inject-oom drills
 
   std::string run_log;
   std::string checkpoint;
@@ -51,6 +51,7 @@ struct TrainOptions {
   std::int64_t eval_micro_batch = 0;  // 0: auto
 
   std::string command_line;
+  bool quiet = false;  // no progress output (tests)
 };
 
 }  // namespace autoaccum::train
