@@ -2,8 +2,10 @@
 #include "autoaccum/cli/spmd_main.hpp"
 
 #include <c10/util/Exception.h>
+#include <hdf5.h>
 #include <mpi.h>
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -33,6 +35,12 @@ int world_rank() {
 }  // namespace
 
 int spmd_main(int argc, char** argv, const SpmdBody& body) {
+  // Past a file-size limit (ulimit -f, some quotas) a write then fails with EFBIG and is
+  // reported like a full disk, instead of the kernel killing the rank.
+  std::signal(SIGXFSZ, SIG_IGN);
+  // HDF5's own clean-up at exit would close, again, a file whose close already failed (a full
+  // disk) and crash; every file autoaccum writes is closed explicitly before then.
+  H5dont_atexit();
   MpiRuntime mpi(&argc, &argv);
   int code = 0;
   {

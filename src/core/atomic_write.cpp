@@ -1,6 +1,8 @@
 // write_atomically: temporary file + rename(2), which replaces the target atomically.
 #include "autoaccum/core/atomic_write.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,14 +18,49 @@ void write_atomically(const std::string& path,
   const std::string temporary = path + ".tmp." + std::to_string(::getpid());
   try {
     write(temporary);
+  } catch (const Error& e) {
+    std::remove(temporary.c_str());
+    // Name the file the user knows, not the temporary one.
+    std::string message = e.what();
+    for (auto at = message.find(temporary); at != std::string::npos; at = message.find(temporary)) {
+      message.replace(at, temporary.size(), path);
+    }
+    throw Error(message, e.exit_code());
   } catch (...) {
     std::remove(temporary.c_str());
     throw;
   }
+  // On disk before it gets the real name, so a node crash cannot leave a renamed but empty file.
+  const int file = ::open(temporary.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file < 0 || ::fsync(file) != 0) {
+    const std::string reason = std::strerror(errno);
+    if (file >= 0) ::close(file);
+    std::remove(temporary.c_str());
+    throw InputError("cannot write '" + path + "': " + reason);
+  }
+  ::close(file);
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string reason = std::strerror(errno);
     std::remove(temporary.c_str());
     throw InputError("cannot rename '" + temporary + "' to '" + path + "': " + reason);
+  }
+}
+
+void check_writable_file(const std::string& option, const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  struct stat info {};
+  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    throw UsageError(option + ": '" + path + "' is a folder; give a file name");
+  }
+  if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw UsageError(option + ": cannot write '" + path + "': folder '" + folder +
+                     "' does not exist");
+  }
+  if (access(folder.c_str(), W_OK) != 0) {
+    throw UsageError(option + ": cannot write '" + path + "': folder '" + folder +
+                     "' is not writable");
   }
 }
 

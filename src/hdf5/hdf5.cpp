@@ -20,7 +20,14 @@ herr_t innermost(unsigned n, const H5E_error2_t* error, void* data) {
 }
 
 [[noreturn]] void fail(const std::string& context) {
-  const std::string detail = last_error_message();
+  std::string detail = last_error_message();
+  // System errors come as "... errno = 28, error message = 'No space left on device', ...".
+  const auto start = detail.find("error message = '");
+  if (start != std::string::npos) {
+    const auto end = detail.find('\'', start + 17);
+    detail =
+        detail.substr(start + 17, end == std::string::npos ? std::string::npos : end - start - 17);
+  }
   throw Hdf5Error(detail.empty() ? context : context + " (" + detail + ")");
 }
 
@@ -414,6 +421,20 @@ std::string File::describe_attribute(const std::string& name) const {
       out << "(" << count << " value(s) of an unsupported type)";
   }
   return out.str();
+}
+
+void File::close() {
+  ErrorSilencer quiet;
+  if (!handle_.valid()) return;
+  // With a dataset still open, H5Fclose would only defer the real close, and its errors (a full
+  // disk) would be lost.
+  const ssize_t open_objects = H5Fget_obj_count(
+      handle_.id(), H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR);
+  if (open_objects > 0) {
+    throw Error("internal: closing " + quoted(path_) + " with " + std::to_string(open_objects) +
+                " object(s) still open");
+  }
+  check(H5Fclose(handle_.release()), "cannot write " + quoted(path_));
 }
 
 void File::flush() {

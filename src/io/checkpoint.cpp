@@ -90,10 +90,12 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
       write_tensor(file, "buffers/" + name, tensor);
       buffer_names.push_back(name);
     }
-    auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8,
-                                     {static_cast<std::int64_t>(c.optimizer.size())});
-    state.write_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
-                     c.optimizer.data());
+    {
+      auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8,
+                                       {static_cast<std::int64_t>(c.optimizer.size())});
+      state.write_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
+                       c.optimizer.data());
+    }
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
     file.write_attribute("format", std::string(kFormat));
@@ -102,7 +104,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("micro_batch", c.micro_batch);
     file.write_attribute("world_size", c.world_size);
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
-    file.flush();
+    file.close();
     // The new one is complete: keep the current one as the previous before it is replaced.
     if (access(path.c_str(), F_OK) == 0 &&
         std::rename(path.c_str(), previous_checkpoint_path(path).c_str()) != 0) {

@@ -177,7 +177,7 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
   file.write_attribute("status", status);
   file.write_attribute("updated_at", utc_now());
   if (!message.empty()) file.write_attribute("error", message);
-  file.flush();
+  file.close();
   steps_.clear();
   ooms_.clear();
   evals_.clear();

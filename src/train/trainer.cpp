@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/data/batch_plan.hpp"
 #include "autoaccum/data/prefetcher.hpp"
@@ -261,6 +262,11 @@ void Trainer::State::setup() {
     hostnames.emplace_back(names.data() + r * 64);
   peak_bytes.assign(static_cast<std::size_t>(world), 0);
 
+  comm::collectively(comm, [&] {
+    if (!root) return;  // rank 0 writes both
+    if (!options.run_log.empty()) check_writable_file("--run-log", options.run_log);
+    if (!options.checkpoint.empty()) check_writable_file("--checkpoint", options.checkpoint);
+  });
   if (!options.run_log.empty()) {
     comm::collectively(comm, [&] {
       if (!root) return;
@@ -514,6 +520,15 @@ at::Tensor Trainer::last_gradient() const {
 }
 
 TrainResult Trainer::run() {
+  try {
+    return run_steps();
+  } catch (const CollectiveError& e) {
+    state_->write_log("failed", e.what());  // every rank threw it; only rank 0 has the log
+    throw;
+  }
+}
+
+TrainResult Trainer::run_steps() {
   State& s = *state_;
   const auto& o = s.options;
   const std::int64_t per_epoch = s.plan->batches_per_epoch();

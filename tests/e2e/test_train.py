@@ -251,6 +251,30 @@ class Checkpoints(Run):
         with h5py.File(checkpoint, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 12)
 
+    def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_ones(self):
+        disk = self.path("tiny")
+        os.makedirs(disk)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80k", "tmpfs", disk],
+                          capture_output=True).returncode != 0:
+            self.skipTest("cannot mount a small tmpfs here")
+        try:
+            checkpoint = os.path.join(disk, "c.h5")
+            log = self.path("full.h5")
+            r = autoaccum(2, "train", "--data", self.data, "--hidden", "64", "--threads", 1,
+                          "--global-batch", 100, "--steps", 20, "--checkpoint", checkpoint,
+                          "--checkpoint-every", 2, "--run-log", log, timeout=60)
+            self.assertEqual(r.returncode, 1, r)
+            errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+            self.assertEqual(errors, [f"autoaccum: error: rank 0: cannot write '{checkpoint}' (No space left on device)"], r)
+            with h5py.File(checkpoint, "r") as f, h5py.File(checkpoint + ".prev", "r") as g:
+                self.assertEqual(int(g.attrs["step"]) + 2, int(f.attrs["step"]))
+            self.assertEqual(sorted(os.listdir(disk)), ["c.h5", "c.h5.prev"], "no temporary left behind")
+            with h5py.File(log, "r") as f:
+                self.assertEqual(text(f.attrs["status"]), "failed")
+                self.assertIn("No space left on device", text(f.attrs["error"]))
+        finally:
+            subprocess.run(["umount", disk])
+
     def test_truncated_checkpoint_without_a_previous_one_is_a_clear_error(self):
         checkpoint = self.path("lonely.h5")
         r = self.train(2, "--global-batch", 100, "--steps", 2, "--checkpoint", checkpoint)
@@ -383,6 +407,8 @@ class TrainBadInput(Run):
             (d + ["--model", "transformer"], "--model: 'transformer'"),
             (d + ["--inject-oom", "rank=x"], "--inject-oom"),
             (["--data", self.data], "--steps N or --epochs E"),
+            (d + ["--run-log", "/nonexistent/folder/run.h5"], "--run-log: cannot write"),
+            (d + ["--checkpoint", self.dir], "is a folder"),
         ]
         for args, needle in cases:
             with self.subTest(args=args):

@@ -12,4 +12,8 @@ namespace autoaccum {
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write);
 
+// Throws UsageError naming `option` unless a file can be created at `path`: its folder exists and
+// is writable, and `path` is not a folder. Checked before any work, so a typo costs seconds.
+void check_writable_file(const std::string& option, const std::string& path);
+
 }  // namespace autoaccum

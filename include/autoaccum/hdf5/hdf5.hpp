@@ -53,6 +53,8 @@ class Handle {
 
   hid_t id() const noexcept { return id_; }
   bool valid() const noexcept { return id_ >= 0; }
+  // Gives up ownership without closing (the caller closes).
+  hid_t release() noexcept { return std::exchange(id_, H5I_INVALID_HID); }
 
  private:
   hid_t id_ = H5I_INVALID_HID;
@@ -108,6 +110,9 @@ class File {
   std::string describe_attribute(const std::string& name) const;
 
   void flush();
+  // Closes now and reports a failure (a full disk shows here); the destructor would hide it.
+  // No dataset of this file may be alive.
+  void close();
 
  private:
   File(std::string path, Handle handle) : path_(std::move(path)), handle_(std::move(handle)) {}

@@ -43,6 +43,7 @@ class Trainer {
   at::Tensor last_gradient() const;
 
  private:
+  TrainResult run_steps();
   struct State;
   std::unique_ptr<State> state_;
 };
