@@ -4,16 +4,10 @@
 #include <numeric>
 
 #include "autoaccum/core/error.hpp"
+#include "autoaccum/core/splitmix.hpp"
 
 namespace autoaccum::data {
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [0, bound) without modulo bias (rejection).
 std::uint64_t below(std::uint64_t bound, std::uint64_t& state) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/splitmix.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::data {
@@ -57,12 +58,7 @@ const std::vector<std::string> kFashionClasses = {"T-shirt/top", "Trouser",   "P
 class Random {
  public:
   explicit Random(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
+  std::uint64_t next() { return splitmix64(state_); }
   double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
   double normal() {
     const double r = std::sqrt(-2.0 * std::log(uniform()));

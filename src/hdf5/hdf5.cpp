@@ -532,25 +532,42 @@ std::optional<std::int64_t> Dataset::raw_offset(DType type) const {
   return static_cast<std::int64_t>(offset);
 }
 
+namespace {
+
+// Selects rows [first, first + rows) of every trailing dimension in `file_space` (whose extent
+// is `dims`) and returns the matching memory space.
+Handle select_rows(hid_t file_space, const std::vector<hsize_t>& dims, std::int64_t first,
+                   std::int64_t rows, const std::string& where) {
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  start[0] = static_cast<hsize_t>(first);
+  count[0] = static_cast<hsize_t>(rows);
+  check(
+      H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+      where);
+  return Handle(
+      check(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), where));
+}
+
+std::vector<hsize_t> extent(hid_t space, const std::string& where) {
+  std::vector<hsize_t> dims(
+      static_cast<std::size_t>(check(H5Sget_simple_extent_ndims(space), where)));
+  check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), where);
+  return dims;
+}
+
+}  // namespace
+
 void Dataset::read_rows(std::int64_t first, std::int64_t rows, DType type, void* out) const {
   ErrorSilencer quiet;
   const std::string where = context("cannot read rows [" + std::to_string(first) + ", " +
                                     std::to_string(first + rows) + ")");
   if (rows == 0) return;
   Handle file_space(check(H5Dget_space(handle_.id()), where));
-  const int rank = check(H5Sget_simple_extent_ndims(file_space.id()), where);
-  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-  check(H5Sget_simple_extent_dims(file_space.id(), dims.data(), nullptr), where);
+  const std::vector<hsize_t> dims = extent(file_space.id(), where);
   if (first < 0 || rows < 0 || static_cast<hsize_t>(first + rows) > dims[0]) {
     throw Hdf5Error(where + ": the dataset has " + std::to_string(dims[0]) + " rows");
   }
-  std::vector<hsize_t> start(dims.size(), 0), count = dims;
-  start[0] = static_cast<hsize_t>(first);
-  count[0] = static_cast<hsize_t>(rows);
-  check(H5Sselect_hyperslab(file_space.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                            nullptr),
-        where);
-  Handle memory_space(check(H5Screate_simple(rank, count.data(), nullptr), where));
+  Handle memory_space = select_rows(file_space.id(), dims, first, rows, where);
   check(H5Dread(handle_.id(), native_type(type), memory_space.id(), file_space.id(), H5P_DEFAULT,
                 out),
         where);
@@ -562,21 +579,13 @@ void Dataset::write_rows(std::int64_t first, std::int64_t rows, DType type, cons
                                     std::to_string(first + rows) + ")");
   if (rows == 0) return;
   Handle space(check(H5Dget_space(handle_.id()), where));
-  const int rank = check(H5Sget_simple_extent_ndims(space.id()), where);
-  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-  check(H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr), where);
-  if (static_cast<hsize_t>(first + rows) > dims[0]) {
+  std::vector<hsize_t> dims = extent(space.id(), where);
+  if (static_cast<hsize_t>(first + rows) > dims[0]) {  // an extendible dataset grows
     dims[0] = static_cast<hsize_t>(first + rows);
     check(H5Dset_extent(handle_.id(), dims.data()), where);
     space = Handle(check(H5Dget_space(handle_.id()), where));
   }
-  std::vector<hsize_t> start(dims.size(), 0), count = dims;
-  start[0] = static_cast<hsize_t>(first);
-  count[0] = static_cast<hsize_t>(rows);
-  check(
-      H5Sselect_hyperslab(space.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-      where);
-  Handle memory_space(check(H5Screate_simple(rank, count.data(), nullptr), where));
+  Handle memory_space = select_rows(space.id(), dims, first, rows, where);
   check(H5Dwrite(handle_.id(), native_type(type), memory_space.id(), space.id(), H5P_DEFAULT, data),
         where);
 }
