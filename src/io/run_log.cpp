@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <ctime>
+#include <functional>
+#include <variant>
 
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/error.hpp"
@@ -13,28 +15,64 @@ namespace {
 
 constexpr std::int64_t kChunkRows = 256;
 
-struct ColumnSpec {
+// Each group's columns, in file order, with the row member each one holds. The schema
+// (run_log_schema(), the datasets created) and the writer both come from these tables.
+template <class Row>
+struct Field {
   const char* name;
+  std::variant<std::int64_t Row::*, double Row::*> member;
+  bool integer() const { return std::holds_alternative<std::int64_t Row::*>(member); }
+};
+
+const std::vector<Field<StepRow>>& step_fields() {
+  static const std::vector<Field<StepRow>> fields = {
+      {"step", &StepRow::step},
+      {"epoch", &StepRow::epoch},
+      {"micro_batch", &StepRow::micro_batch},
+      {"accumulation", &StepRow::accumulation},
+      {"loss", &StepRow::loss},
+      {"lr", &StepRow::lr},
+      {"step_seconds", &StepRow::step_seconds},
+      {"samples_per_second", &StepRow::samples_per_second},
+      {"oom_retries", &StepRow::oom_retries},
+      {"data_wait_seconds", &StepRow::data_wait_seconds},
+      {"peak_bytes", &StepRow::peak_bytes},
+      {"skipped", &StepRow::skipped},
+      {"live_bytes", &StepRow::live_bytes},
+      {"allreduce_seconds", &StepRow::allreduce_seconds}};
+  return fields;
+}
+const std::vector<Field<OomRow>>& oom_fields() {
+  static const std::vector<Field<OomRow>> fields = {{"step", &OomRow::step},
+                                                    {"rank", &OomRow::rank},
+                                                    {"micro_batch", &OomRow::micro_batch},
+                                                    {"next_micro_batch", &OomRow::next_micro_batch}};
+  return fields;
+}
+const std::vector<Field<EvalRow>>& eval_fields() {
+  static const std::vector<Field<EvalRow>> fields = {
+      {"step", &EvalRow::step}, {"loss", &EvalRow::loss}, {"accuracy", &EvalRow::accuracy}};
+  return fields;
+}
+
+struct ColumnSpec {
+  std::string name;
   bool integer;
 };
 
+template <class Row>
+std::vector<ColumnSpec> columns_of(const std::vector<Field<Row>>& fields) {
+  std::vector<ColumnSpec> out;
+  for (const auto& f : fields)
+    out.push_back({f.name, f.integer()});
+  return out;
+}
+
 const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
   static const std::vector<std::pair<std::string, std::vector<ColumnSpec>>> all = {
-      {"steps",
-       {{"step", true},
-        {"epoch", true},
-        {"micro_batch", true},
-        {"accumulation", true},
-        {"loss", false},
-        {"lr", false},
-        {"step_seconds", false},
-        {"samples_per_second", false},
-        {"oom_retries", true},
-        {"data_wait_seconds", false},
-        {"peak_bytes", true},
-        {"skipped", true}}},
-      {"oom", {{"step", true}, {"rank", true}, {"micro_batch", true}, {"next_micro_batch", true}}},
-      {"eval", {{"step", true}, {"loss", false}, {"accuracy", false}}},
+      {"steps", columns_of(step_fields())},
+      {"oom", columns_of(oom_fields())},
+      {"eval", columns_of(eval_fields())},
       {"ranks", {{"rank", true}, {"peak_bytes", true}}},
   };
   return all;
@@ -51,12 +89,25 @@ void append_rows(hdf5::File& file, const std::string& name, const std::vector<T>
 }
 
 template <class Row, class Get>
-std::vector<std::invoke_result_t<Get, const Row&>> column(const std::vector<Row>& rows, Get get) {
-  std::vector<std::invoke_result_t<Get, const Row&>> out;
+auto column(const std::vector<Row>& rows, Get get) {
+  std::vector<std::decay_t<std::invoke_result_t<Get, const Row&>>> out;
   out.reserve(rows.size());
   for (const auto& r : rows)
     out.push_back(get(r));
   return out;
+}
+
+// Appends every buffered row of one group, column by column. A column missing from the file (a
+// log written by an older autoaccum, being continued) is left out.
+template <class Row>
+void append_group(hdf5::File& file, const std::string& group,
+                  const std::vector<Field<Row>>& fields, const std::vector<Row>& rows) {
+  for (const auto& field : fields) {
+    const std::string name = group + "/" + field.name;
+    if (!file.has_dataset(name)) continue;
+    std::visit([&](auto member) { append_rows(file, name, column(rows, std::mem_fn(member))); },
+               field.member);
+  }
 }
 
 }  // namespace
@@ -139,34 +190,9 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
   // Without a lock: readers may hold the file open while the job runs, and the job must not
   // fail for it. Rows stay buffered until a write succeeds.
   auto file = hdf5::File::open(path_, /*writable=*/true, /*lock=*/false);
-  append_rows(file, "steps/step", column(steps_, [](const StepRow& r) { return r.step; }));
-  append_rows(file, "steps/epoch", column(steps_, [](const StepRow& r) { return r.epoch; }));
-  append_rows(file, "steps/micro_batch",
-              column(steps_, [](const StepRow& r) { return r.micro_batch; }));
-  append_rows(file, "steps/accumulation",
-              column(steps_, [](const StepRow& r) { return r.accumulation; }));
-  append_rows(file, "steps/loss", column(steps_, [](const StepRow& r) { return r.loss; }));
-  append_rows(file, "steps/lr", column(steps_, [](const StepRow& r) { return r.lr; }));
-  append_rows(file, "steps/step_seconds",
-              column(steps_, [](const StepRow& r) { return r.step_seconds; }));
-  append_rows(file, "steps/samples_per_second",
-              column(steps_, [](const StepRow& r) { return r.samples_per_second; }));
-  append_rows(file, "steps/oom_retries",
-              column(steps_, [](const StepRow& r) { return r.oom_retries; }));
-  append_rows(file, "steps/data_wait_seconds",
-              column(steps_, [](const StepRow& r) { return r.data_wait_seconds; }));
-  append_rows(file, "steps/peak_bytes",
-              column(steps_, [](const StepRow& r) { return r.peak_bytes; }));
-  append_rows(file, "steps/skipped", column(steps_, [](const StepRow& r) { return r.skipped; }));
-  append_rows(file, "oom/step", column(ooms_, [](const OomRow& r) { return r.step; }));
-  append_rows(file, "oom/rank", column(ooms_, [](const OomRow& r) { return r.rank; }));
-  append_rows(file, "oom/micro_batch",
-              column(ooms_, [](const OomRow& r) { return r.micro_batch; }));
-  append_rows(file, "oom/next_micro_batch",
-              column(ooms_, [](const OomRow& r) { return r.next_micro_batch; }));
-  append_rows(file, "eval/step", column(evals_, [](const EvalRow& r) { return r.step; }));
-  append_rows(file, "eval/loss", column(evals_, [](const EvalRow& r) { return r.loss; }));
-  append_rows(file, "eval/accuracy", column(evals_, [](const EvalRow& r) { return r.accuracy; }));
+  append_group(file, "steps", step_fields(), steps_);
+  append_group(file, "oom", oom_fields(), ooms_);
+  append_group(file, "eval", eval_fields(), evals_);
   if (!peak_bytes_.empty()) {
     auto peaks = file.dataset("ranks/peak_bytes");
     const auto n =

@@ -23,6 +23,8 @@ namespace {
 // without a header; data pointer == context, as raw_allocate() (used by some kernels) requires.
 constexpr std::size_t kAlignment = 64;  // as the default CPU allocator
 
+thread_local int uncounted_depth = 0;  // > 0: this thread's allocations are host staging
+
 class CpuBudget final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) const override {
@@ -30,6 +32,9 @@ class CpuBudget final : public c10::Allocator {
     if (posix_memalign(&block, kAlignment, std::max<size_t>(bytes, 1)) != 0) {
       throw_out_of_memory("cannot allocate " + format_bytes(static_cast<std::int64_t>(bytes)) +
                           " from the system");
+    }
+    if (uncounted_depth > 0) {
+      return {block, block, &CpuBudget::release_uncounted, c10::Device(c10::DeviceType::CPU)};
     }
     const auto size = static_cast<std::int64_t>(malloc_usable_size(block));
     const std::int64_t live = live_.fetch_add(size) + size;
@@ -55,6 +60,8 @@ class CpuBudget final : public c10::Allocator {
     instance().live_.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(block)));
     std::free(block);
   }
+
+  static void release_uncounted(void* block) { std::free(block); }
 
   static CpuBudget& instance() {
     static CpuBudget* budget = new CpuBudget();  // never destroyed: tensors may outlive main
@@ -126,6 +133,13 @@ std::string format_bytes(std::int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
   return text;
+}
+
+UncountedScope::UncountedScope() noexcept {
+  ++uncounted_depth;
+}
+UncountedScope::~UncountedScope() {
+  --uncounted_depth;
 }
 
 void install_cpu_budget(std::int64_t limit_bytes) {

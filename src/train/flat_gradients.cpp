@@ -9,13 +9,30 @@ FlatGradients::FlatGradients(const std::vector<at::Tensor>& parameters, std::int
     : parameters_(parameters), slot_count_(extra_slots) {
   for (const auto& p : parameters_)
     gradient_count_ += p.numel();
-  buffer_ = at::zeros({gradient_count_ + extra_slots}, at::TensorOptions().dtype(at::kFloat));
+  const auto device = parameters_.empty() ? at::Device(at::kCPU) : parameters_.front().device();
+  buffer_ = at::zeros({gradient_count_ + extra_slots},
+                      at::TensorOptions().dtype(at::kFloat).device(device));
   std::int64_t offset = 0;
   for (auto& p : parameters_) {
     p.mutable_grad() = buffer_.narrow(0, offset, p.numel()).view(p.sizes());
     offset += p.numel();
   }
-  slots_ = buffer_.data_ptr<float>() + gradient_count_;
+}
+
+void FlatGradients::write_slots(const float* host) {
+  if (slot_count_ == 0) return;
+  buffer_.narrow(0, gradient_count_, slot_count_)
+      .copy_(at::from_blob(const_cast<float*>(host), {slot_count_}, at::kFloat));
+}
+
+void FlatGradients::read_slots(float* host) const {
+  if (slot_count_ == 0) return;
+  at::from_blob(host, {slot_count_}, at::kFloat)
+      .copy_(buffer_.narrow(0, gradient_count_, slot_count_));
+}
+
+at::Tensor FlatGradients::slot(std::int64_t index) const {
+  return buffer_.narrow(0, gradient_count_ + index, 1);
 }
 
 at::Tensor FlatGradients::gradients() const {

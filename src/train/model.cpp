@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "autoaccum/core/error.hpp"
+#include "autoaccum/train/fused_linear.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -17,6 +18,27 @@ std::int64_t product(const std::vector<std::int64_t>& shape) {
     n *= d;
   return n;
 }
+
+// nn::Linear's parameters, names and initialisation, with accumulating_linear's backward (the
+// weight-gradient GEMM adds into the persistent gradient buffer).
+class FusedLinearImpl : public torch::nn::Cloneable<FusedLinearImpl> {
+ public:
+  FusedLinearImpl(std::int64_t in, std::int64_t out) : in_(in), out_(out) { reset(); }
+  void reset() override {
+    torch::nn::LinearImpl init(in_, out_);  // the same random draws as nn::Linear
+    weight = register_parameter("weight", init.weight);
+    bias = register_parameter("bias", init.bias);
+  }
+  at::Tensor forward(const at::Tensor& x) { return accumulating_linear(x, weight, bias); }
+  void pretty_print(std::ostream& stream) const override {
+    stream << "FusedLinear(in=" << in_ << ", out=" << out_ << ")";
+  }
+  at::Tensor weight, bias;
+
+ private:
+  std::int64_t in_, out_;
+};
+TORCH_MODULE(FusedLinear);
 
 class ModuleModel final : public Model {
  public:
@@ -111,12 +133,12 @@ std::unique_ptr<Model> make_model(const ModelSpec& spec) {
     description << "mlp " << width;
     for (auto h : spec.hidden) {
       if (h < 1) throw UsageError("--hidden: layer widths must be positive");
-      net->push_back(nn::Linear(width, h));
+      net->push_back(FusedLinear(width, h));
       net->push_back(nn::ReLU());
       width = h;
       description << "-" << h;
     }
-    net->push_back(nn::Linear(width, spec.outputs));
+    net->push_back(FusedLinear(width, spec.outputs));
     description << "-" << spec.outputs;
     return std::make_unique<ModuleModel>(net, description.str());
   }
@@ -135,8 +157,8 @@ std::unique_ptr<Model> make_model(const ModelSpec& spec) {
     nn::Sequential net(nn::Conv2d(nn::Conv2dOptions(channels, 16, 5).padding(2)), nn::ReLU(),
                        nn::MaxPool2d(2), nn::Conv2d(nn::Conv2dOptions(16, 32, 5).padding(2)),
                        nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
-                       nn::Linear(32 * height * width, 128), nn::ReLU(),
-                       nn::Linear(128, spec.outputs));
+                       FusedLinear(32 * height * width, 128), nn::ReLU(),
+                       FusedLinear(128, spec.outputs));
     description << "cnn conv5x5(" << channels << "->16)-pool-conv5x5(16->32)-pool-"
                 << 32 * height * width << "-128-" << spec.outputs;
     return std::make_unique<ModuleModel>(net, description.str());

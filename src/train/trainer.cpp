@@ -83,12 +83,12 @@ void request_stop() noexcept {
 
 // Slots after the gradients in the one all-reduced buffer (see docs/design.md).
 struct Slots {
-  std::int64_t world;
-  std::int64_t oom(std::int64_t rank) const { return rank; }               // 1 if that rank hit OOM
-  std::int64_t peak_kib(std::int64_t rank) const { return world + rank; }  // its peak, KiB
-  std::int64_t loss() const { return 2 * world; }                          // sum of scaled losses
-  std::int64_t stop() const { return 2 * world + 1; }                      // signals received
-  std::int64_t count() const { return 2 * world + 2; }
+  std::size_t world;
+  std::size_t oom(int rank) const { return static_cast<std::size_t>(rank); }  // 1: it hit OOM
+  std::size_t peak_kib(int rank) const { return world + oom(rank); }          // its peak, KiB
+  std::size_t loss() const { return 2 * world; }      // sum of scaled losses
+  std::size_t stop() const { return 2 * world + 1; }  // signals received
+  std::int64_t count() const { return static_cast<std::int64_t>(2 * world + 2); }
 };
 
 struct Trainer::State {
@@ -113,6 +113,8 @@ struct Trainer::State {
   Schedule schedule;
   std::int64_t step = 0;  // optimizer steps completed
   bool checked_views = false;
+  std::vector<float> slot;         // host copy of the slots of the last attempt
+  double allreduce_seconds = 0;    // this step's time in the gradient all-reduce (rank's own)
 
   std::optional<io::RunLogWriter> run_log;
   std::vector<std::string> hostnames;
@@ -155,7 +157,7 @@ void Trainer::State::setup() {
   rank = comm.rank();
   world = comm.size();
   root = rank == 0;
-  slots = Slots{world};
+  slots = Slots{static_cast<std::size_t>(world)};
   const auto& o = options;
 
   int threads = o.threads;
@@ -223,6 +225,7 @@ void Trainer::State::setup() {
       comm.broadcast(p.data_ptr(), static_cast<std::size_t>(p.nbytes()), 0);
   }
   gradients = std::make_unique<FlatGradients>(model->parameters(), slots.count());
+  slot.assign(static_cast<std::size_t>(slots.count()), 0.0f);
   comm::collectively(comm, [&] {
     if (options.optimizer == "sgd") {
       optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
@@ -407,10 +410,12 @@ at::Tensor Trainer::State::loss_of(const at::Tensor& output, const at::Tensor& t
 // memory (every rank returns the same answer: it comes from the reduced buffer).
 bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& loss) {
   gradients->zero();
-  float* slot = gradients->slots();
+  std::fill(slot.begin(), slot.end(), 0.0f);
   const std::int64_t global_rows = options.global_batch;
   const auto input_count = static_cast<std::size_t>(slab.size() - 1);
-  double local_loss = 0;
+  // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
+  // micro-batch (it matters on a GPU).
+  at::Tensor local_loss;
   memory::reset_cpu_peak();
   try {
     for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
@@ -428,7 +433,7 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
       }
       at::Tensor micro_loss = loss_of(output, micro[input_count], global_rows);
       micro_loss.backward();
-      local_loss += micro_loss.item<double>();
+      local_loss = local_loss.defined() ? local_loss + micro_loss.detach() : micro_loss.detach();
       if (!checked_views) {
         if (!gradients->intact()) throw Error("internal: autograd replaced a gradient view");
         checked_views = true;
@@ -438,13 +443,18 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
     // Only an OOM is agreed on here; anything else is this rank's own failure (spmd_main aborts).
     if (!memory::is_out_of_memory(e)) throw;
     slot[slots.oom(rank)] = 1.0f;
+    local_loss = at::Tensor();
   }
   slot[slots.peak_kib(rank)] = static_cast<float>(memory::cpu_peak_bytes() / 1024);
-  slot[slots.loss()] = static_cast<float>(local_loss);
   slot[slots.stop()] = stop_requested() ? 1.0f : 0.0f;
+  gradients->write_slots(slot.data());
+  if (local_loss.defined()) gradients->slot(static_cast<std::int64_t>(slots.loss())).copy_(local_loss.reshape({1}));
 
+  const auto reduce_start = Clock::now();
   comm.allreduce_sum(gradients->buffer().data_ptr<float>(),
                      static_cast<std::size_t>(gradients->buffer().numel()));
+  allreduce_seconds += seconds_since(reduce_start);
+  gradients->read_slots(slot.data());
 
   for (int r = 0; r < world; ++r) {
     auto& peak = peak_bytes[static_cast<std::size_t>(r)];
@@ -535,6 +545,7 @@ TrainResult Trainer::run_steps() {
   const int rank = s.rank;
   data::Prefetcher prefetcher(
       [&s, per_epoch, rank](std::int64_t global_step) {
+        const memory::UncountedScope staging;  // host staging, as pinned memory on a GPU
         const data::RowRange rows =
             s.plan->rank_rows(global_step / per_epoch, global_step % per_epoch, rank);
         return s.reader->read(rows.begin, rows.end);
@@ -556,14 +567,14 @@ TrainResult Trainer::run_steps() {
     const double data_wait = prefetcher.waited_seconds() - waited_before;
     std::int64_t retries = 0;
     double loss = 0;
+    s.allreduce_seconds = 0;
     for (;;) {
       const std::int64_t m = s.policy->current();
       if (s.attempt(slab, m, loss)) break;
       // Every rank saw the same flags: decide together.
       std::vector<int> failed;
-      float* slot = s.gradients->slots();
       for (int r = 0; r < s.world; ++r) {
-        if (slot[s.slots.oom(r)] > 0) failed.push_back(r);
+        if (s.slot[s.slots.oom(r)] > 0) failed.push_back(r);
       }
       const std::optional<std::int64_t> next = s.policy->after_oom();
       ++retries;
@@ -601,12 +612,14 @@ TrainResult Trainer::run_steps() {
             "); all " + std::to_string(s.world) + " ranks continue at " + std::to_string(*next));
     }
 
-    float* slot = s.gradients->slots();
-    const bool stop = slot[s.slots.stop()] > 0;
+    const bool stop = s.slot[s.slots.stop()] > 0;
     at::Tensor grads = s.gradients->gradients();
     // Every rank sees the same reduced loss and gradients, so a NaN or Inf on any rank is seen
-    // by all, and all take the same decision.
-    const bool finite = std::isfinite(loss) && grads.isfinite().all().item<bool>();
+    // by all, and all take the same decision. One read-only pass: the sum (or, when clipping,
+    // the norm the clipping needs anyway) is NaN or Inf when any element is.
+    const double norm = o.clip_grad_norm > 0 ? grads.norm().item<double>() : 0.0;
+    const double total = o.clip_grad_norm > 0 ? norm : grads.sum().item<double>();
+    const bool finite = std::isfinite(loss) && std::isfinite(total);
     if (!finite && o.on_nonfinite != "skip") {
       fail_run("non-finite loss or gradient at step " + std::to_string(s.step) + " (loss " +
                    std::to_string(loss) +
@@ -620,10 +633,8 @@ TrainResult Trainer::run_steps() {
             ": non-finite loss or gradient on some rank; step skipped (" +
             std::to_string(s.result.skipped_steps) + " so far)");
     } else {
-      if (o.clip_grad_norm > 0) {
-        const double norm = grads.norm().item<double>();
-        if (norm > o.clip_grad_norm) grads.mul_(o.clip_grad_norm / (norm + 1e-6));
-      }
+      if (o.clip_grad_norm > 0 && norm > o.clip_grad_norm)
+        grads.mul_(o.clip_grad_norm / (norm + 1e-6));
       for (auto& group : s.optimizer->param_groups())
         group.options().set_lr(lr);
       try {
@@ -655,6 +666,8 @@ TrainResult Trainer::run_steps() {
       row.skipped = finite ? 0 : 1;
       row.data_wait_seconds = data_wait;
       row.peak_bytes = *std::max_element(s.peak_bytes.begin(), s.peak_bytes.end());
+      row.live_bytes = memory::cpu_live_bytes();
+      row.allreduce_seconds = s.allreduce_seconds;
       s.run_log->add(row);
       ++s.steps_since_flush;
       if (retries > 0 || s.steps_since_flush >= 10 || seconds_since(s.last_flush) > 5.0) {

@@ -9,6 +9,7 @@ momentum. Data is random and already in memory (the baseline reads no files).
 Prints "samples/s <median over steps after warm-up>".
 """
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -38,11 +39,10 @@ def worker(rank, args, results):
         micro = [(x[i:i + args.micro_batch], y[i:i + args.micro_batch])
                  for i in range(0, per_rank, args.micro_batch)]
         for k, (xb, yb) in enumerate(micro):
-            loss = torch.nn.functional.cross_entropy(ddp(xb), yb, reduction="sum") / args.global_batch
-            if k + 1 < len(micro):
-                with ddp.no_sync():
-                    loss.backward()
-            else:
+            # no_sync() must cover the forward as well: DDP arms its all-reduce hooks in forward,
+            # so a forward outside it all-reduces that micro-batch's gradients in backward.
+            with ddp.no_sync() if k + 1 < len(micro) else contextlib.nullcontext():
+                loss = torch.nn.functional.cross_entropy(ddp(xb), yb, reduction="sum") / args.global_batch
                 loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - start)

@@ -53,6 +53,23 @@ TEST(Budget, ThrowsTheSameOutOfMemoryErrorAsAGpuAndCountsBytes) {
   install_cpu_budget(0);
 }
 
+TEST(Budget, StagingMemoryIsNeitherCountedNorLimited) {
+  install_cpu_budget(0);
+  const std::int64_t base = cpu_live_bytes();
+  install_cpu_budget(base + (1 << 20));
+  at::Tensor staged;
+  {
+    const UncountedScope staging;
+    staged = torch::ones({4 << 20});  // 16 MiB, past the limit: host staging, allowed
+  }
+  EXPECT_EQ(cpu_live_bytes(), base);
+  EXPECT_THROW(torch::empty({1 << 20}), c10::OutOfMemoryError) << "the scope has ended";
+  EXPECT_EQ(staged.sum().item<double>(), 4 << 20);
+  staged = at::Tensor();  // released through its own deleter: the count must not move
+  EXPECT_EQ(cpu_live_bytes(), base);
+  install_cpu_budget(0);
+}
+
 TEST(Budget, ResetPeakStartsFromLive) {
   install_cpu_budget(0);
   { auto t = torch::empty({1 << 20}); }

@@ -25,6 +25,8 @@ struct StepRow {
   double data_wait_seconds = 0;  // time rank 0 waited for the prefetcher in this step
   std::int64_t peak_bytes = 0;   // the largest peak over the ranks, so far
   std::int64_t skipped = 0;      // 1: non-finite loss or gradient, no update (--on-nonfinite skip)
+  std::int64_t live_bytes = 0;   // rank 0's live tensor bytes after the step
+  double allreduce_seconds = 0;  // rank 0's time in the step's gradient all-reduce(s)
 };
 
 struct OomRow {

@@ -27,6 +27,18 @@ std::int64_t cpu_live_bytes() noexcept;
 std::int64_t cpu_peak_bytes() noexcept;
 void reset_cpu_peak() noexcept;  // peak <- live
 
+// While one is alive, the calling thread's CPU tensors are host staging memory, outside the
+// budget: neither counted nor limited. The prefetcher reads slabs under one, as on a GPU the
+// slab is pinned host memory and only the model, activations, gradients and optimizer state
+// take device memory. (Kernels that use raw_allocate must not run under it.)
+class UncountedScope {
+ public:
+  UncountedScope() noexcept;
+  ~UncountedScope();
+  UncountedScope(const UncountedScope&) = delete;
+  UncountedScope& operator=(const UncountedScope&) = delete;
+};
+
 // Keeps freed large blocks in the process instead of returning them to the OS on every free
 // (glibc's default for blocks above its mmap threshold), so each step does not re-fault its
 // pages: measured 22k -> 42k samples/s for an MLP at micro-batch 512 on these machines.

@@ -8,7 +8,7 @@
 
 namespace autoaccum::train {
 
-// One float32 buffer holds all gradients back to back, then `extra_slots` control values that
+// One float32 buffer, on the parameters' device, holds all gradients back to back, then `extra_slots` control values that
 // travel in the same all-reduce (the OOM flags, loss, ...). Autograd accumulates into the
 // existing views in place, so the all-reduce needs no packing or unpacking copies.
 class FlatGradients {
@@ -17,7 +17,11 @@ class FlatGradients {
 
   at::Tensor& buffer() noexcept { return buffer_; }  // gradients, then slots
   at::Tensor gradients() const;                      // the gradient part only
-  float* slots() noexcept { return slots_; }         // extra_slots floats after the gradients
+  // The slots live with the gradients (on the GPU for --device cuda): they are written from and
+  // read back into host arrays of slot_count() floats, one copy each way per attempt.
+  void write_slots(const float* host);
+  void read_slots(float* host) const;
+  at::Tensor slot(std::int64_t index) const;  // a 1-element view, for device-side values
   std::int64_t gradient_count() const noexcept { return gradient_count_; }
   std::int64_t slot_count() const noexcept { return slot_count_; }
   void zero();  // gradients and slots
@@ -28,7 +32,6 @@ class FlatGradients {
  private:
   std::vector<at::Tensor> parameters_;
   at::Tensor buffer_;
-  float* slots_ = nullptr;
   std::int64_t gradient_count_ = 0;
   std::int64_t slot_count_ = 0;
 };
