@@ -39,14 +39,16 @@ const std::vector<Field<StepRow>>& step_fields() {
       {"peak_bytes", &StepRow::peak_bytes},
       {"skipped", &StepRow::skipped},
       {"live_bytes", &StepRow::live_bytes},
-      {"allreduce_seconds", &StepRow::allreduce_seconds}};
+      {"allreduce_seconds", &StepRow::allreduce_seconds},
+      {"retry_seconds", &StepRow::retry_seconds}};
   return fields;
 }
 const std::vector<Field<OomRow>>& oom_fields() {
-  static const std::vector<Field<OomRow>> fields = {{"step", &OomRow::step},
-                                                    {"rank", &OomRow::rank},
-                                                    {"micro_batch", &OomRow::micro_batch},
-                                                    {"next_micro_batch", &OomRow::next_micro_batch}};
+  static const std::vector<Field<OomRow>> fields = {
+      {"step", &OomRow::step},
+      {"rank", &OomRow::rank},
+      {"micro_batch", &OomRow::micro_batch},
+      {"next_micro_batch", &OomRow::next_micro_batch}};
   return fields;
 }
 const std::vector<Field<EvalRow>>& eval_fields() {
@@ -100,8 +102,8 @@ auto column(const std::vector<Row>& rows, Get get) {
 // Appends every buffered row of one group, column by column. A column missing from the file (a
 // log written by an older autoaccum, being continued) is left out.
 template <class Row>
-void append_group(hdf5::File& file, const std::string& group,
-                  const std::vector<Field<Row>>& fields, const std::vector<Row>& rows) {
+void append_group(hdf5::File& file, const std::string& group, const std::vector<Field<Row>>& fields,
+                  const std::vector<Row>& rows) {
   for (const auto& field : fields) {
     const std::string name = group + "/" + field.name;
     if (!file.has_dataset(name)) continue;

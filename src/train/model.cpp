@@ -4,6 +4,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <sstream>
 
 #include "autoaccum/core/error.hpp"
@@ -39,6 +40,17 @@ class FusedLinearImpl : public torch::nn::Cloneable<FusedLinearImpl> {
   std::int64_t in_, out_;
 };
 TORCH_MODULE(FusedLinear);
+
+// AUTOACCUM_FUSED_LINEAR=0 builds plain nn::Linear layers instead (the benchmark's comparison).
+bool fused_linear_enabled() {
+  const char* value = std::getenv("AUTOACCUM_FUSED_LINEAR");
+  return !(value && std::string(value) == "0");
+}
+
+torch::nn::AnyModule linear(std::int64_t in, std::int64_t out) {
+  if (fused_linear_enabled()) return torch::nn::AnyModule(FusedLinear(in, out));
+  return torch::nn::AnyModule(torch::nn::Linear(in, out));
+}
 
 class ModuleModel final : public Model {
  public:
@@ -133,12 +145,12 @@ std::unique_ptr<Model> make_model(const ModelSpec& spec) {
     description << "mlp " << width;
     for (auto h : spec.hidden) {
       if (h < 1) throw UsageError("--hidden: layer widths must be positive");
-      net->push_back(FusedLinear(width, h));
+      net->push_back(linear(width, h));
       net->push_back(nn::ReLU());
       width = h;
       description << "-" << h;
     }
-    net->push_back(FusedLinear(width, spec.outputs));
+    net->push_back(linear(width, spec.outputs));
     description << "-" << spec.outputs;
     return std::make_unique<ModuleModel>(net, description.str());
   }
@@ -156,9 +168,10 @@ std::unique_ptr<Model> make_model(const ModelSpec& spec) {
     if (height < 1 || width < 1) throw UsageError("--model cnn needs images of at least 4x4");
     nn::Sequential net(nn::Conv2d(nn::Conv2dOptions(channels, 16, 5).padding(2)), nn::ReLU(),
                        nn::MaxPool2d(2), nn::Conv2d(nn::Conv2dOptions(16, 32, 5).padding(2)),
-                       nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
-                       FusedLinear(32 * height * width, 128), nn::ReLU(),
-                       FusedLinear(128, spec.outputs));
+                       nn::ReLU(), nn::MaxPool2d(2), nn::Flatten());
+    net->push_back(linear(32 * height * width, 128));
+    net->push_back(nn::ReLU());
+    net->push_back(linear(128, spec.outputs));
     description << "cnn conv5x5(" << channels << "->16)-pool-conv5x5(16->32)-pool-"
                 << 32 * height * width << "-128-" << spec.outputs;
     return std::make_unique<ModuleModel>(net, description.str());

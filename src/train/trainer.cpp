@@ -113,8 +113,8 @@ struct Trainer::State {
   Schedule schedule;
   std::int64_t step = 0;  // optimizer steps completed
   bool checked_views = false;
-  std::vector<float> slot;         // host copy of the slots of the last attempt
-  double allreduce_seconds = 0;    // this step's time in the gradient all-reduce (rank's own)
+  std::vector<float> slot;       // host copy of the slots of the last attempt
+  double allreduce_seconds = 0;  // this step's time in the gradient all-reduce (rank's own)
 
   std::optional<io::RunLogWriter> run_log;
   std::vector<std::string> hostnames;
@@ -448,7 +448,8 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
   slot[slots.peak_kib(rank)] = static_cast<float>(memory::cpu_peak_bytes() / 1024);
   slot[slots.stop()] = stop_requested() ? 1.0f : 0.0f;
   gradients->write_slots(slot.data());
-  if (local_loss.defined()) gradients->slot(static_cast<std::int64_t>(slots.loss())).copy_(local_loss.reshape({1}));
+  if (local_loss.defined())
+    gradients->slot(static_cast<std::int64_t>(slots.loss())).copy_(local_loss.reshape({1}));
 
   const auto reduce_start = Clock::now();
   comm.allreduce_sum(gradients->buffer().data_ptr<float>(),
@@ -568,9 +569,12 @@ TrainResult Trainer::run_steps() {
     std::int64_t retries = 0;
     double loss = 0;
     s.allreduce_seconds = 0;
+    double retry_seconds = 0;
     for (;;) {
       const std::int64_t m = s.policy->current();
+      const auto attempt_start = Clock::now();
       if (s.attempt(slab, m, loss)) break;
+      retry_seconds += seconds_since(attempt_start);
       // Every rank saw the same flags: decide together.
       std::vector<int> failed;
       for (int r = 0; r < s.world; ++r) {
@@ -668,6 +672,7 @@ TrainResult Trainer::run_steps() {
       row.peak_bytes = *std::max_element(s.peak_bytes.begin(), s.peak_bytes.end());
       row.live_bytes = memory::cpu_live_bytes();
       row.allreduce_seconds = s.allreduce_seconds;
+      row.retry_seconds = retry_seconds;
       s.run_log->add(row);
       ++s.steps_since_flush;
       if (retries > 0 || s.steps_since_flush >= 10 || seconds_since(s.last_flush) > 5.0) {

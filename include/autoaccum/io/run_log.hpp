@@ -27,6 +27,7 @@ struct StepRow {
   std::int64_t skipped = 0;      // 1: non-finite loss or gradient, no update (--on-nonfinite skip)
   std::int64_t live_bytes = 0;   // rank 0's live tensor bytes after the step
   double allreduce_seconds = 0;  // rank 0's time in the step's gradient all-reduce(s)
+  double retry_seconds = 0;      // time spent in this step's attempts that ran out of memory
 };
 
 struct OomRow {

@@ -8,9 +8,10 @@
 
 namespace autoaccum::train {
 
-// One float32 buffer, on the parameters' device, holds all gradients back to back, then `extra_slots` control values that
-// travel in the same all-reduce (the OOM flags, loss, ...). Autograd accumulates into the
-// existing views in place, so the all-reduce needs no packing or unpacking copies.
+// One float32 buffer, on the parameters' device, holds all gradients back to back, then
+// `extra_slots` control values that travel in the same all-reduce (the OOM flags, loss, ...).
+// Autograd accumulates into the existing views in place, so the all-reduce needs no packing or
+// unpacking copies.
 class FlatGradients {
  public:
   FlatGradients(const std::vector<at::Tensor>& parameters, std::int64_t extra_slots);

@@ -1,0 +1,456 @@
+#!/usr/bin/python3
+"""The performance benchmarks of docs/benchmarks.md (issue 8), run side by side on one machine.
+
+Every figure is a ratio of two things measured in the same run, interleaved, repeated; the
+report gives the median and the spread (min-max) over repetitions. Called by tests/bench/run.sh,
+which builds the binaries first; this script writes build/bench/results.json and replaces the
+generated part of docs/benchmarks.md (between the bench:begin/end markers).
+
+    tests/bench/bench.py [--reps 5] [--quick] [--no-docs]
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "build", "autoaccum")
+BENCH = os.path.join(ROOT, "build", "tests", "bench")
+MPI = ["mpirun", "--oversubscribe", "-np", "2"]
+RANKS = 2
+GLOBAL_BATCH = 1024
+PER_RANK = GLOBAL_BATCH // RANKS
+# MLP 784-512-512-10: forward 2*sum(in*out); backward the same for the weight gradients and again
+# for the input gradients of every layer but the first (the data needs no gradient).
+LAYERS = [(784, 512), (512, 512), (512, 10)]
+FLOP_PER_SAMPLE = 3 * 2 * sum(i * o for i, o in LAYERS) - 2 * LAYERS[0][0] * LAYERS[0][1]
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def run(cmd, check=True, **kwargs):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
+    if check and r.returncode != 0:
+        sys.exit(f"bench: failed ({r.returncode}): {' '.join(map(str, cmd))}\n{r.stdout}{r.stderr}")
+    return r
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def fmt(s, digits=2, scale=1.0, suffix=""):
+    return (f"{s['median'] * scale:.{digits}f}{suffix} "
+            f"({s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f})")
+
+
+class Runner:
+    def __init__(self, work, steps):
+        self.work = work
+        self.steps = steps
+        self.data = os.path.join(work, "synth784.h5")
+        self.count = 0
+
+    def train(self, micro_batch, steps=None, limit=None, extra=(), data=None, check=True,
+              global_batch=GLOBAL_BATCH, env=None):
+        """One autoaccum run; returns the run log's steps group as arrays (None if it failed)."""
+        self.count += 1
+        path = os.path.join(self.work, f"run{self.count}.h5")
+        cmd = MPI + [BIN, "train", "--data", data or self.data, "--global-batch", global_batch,
+                     "--micro-batch", micro_batch, "--steps", steps or self.steps, "--threads", 1,
+                     "--log-every", 0, "--run-log", path, *extra]
+        if limit:
+            cmd += ["--memory-limit", limit]
+        r = run(cmd, check=check, env={**os.environ, **(env or {})})
+        if r.returncode != 0:
+            return None
+        with h5py.File(path, "r") as f:
+            out = {k: f["steps"][k][:] for k in f["steps"]}
+            out["oom_rows"] = len(f["oom/step"])
+            out["final_micro_batch"] = int(f.attrs["final_micro_batch"])
+        os.remove(path)
+        return out
+
+    @staticmethod
+    def steady(steps, skip=3):
+        """Median samples/s over steps after warm-up and without OOM retries."""
+        keep = (np.arange(len(steps["step"])) >= skip) & (steps["oom_retries"] == 0)
+        return float(np.median(steps["samples_per_second"][keep]))
+
+
+def ddp(micro_batch, steps, port):
+    r = run(["/usr/bin/python3", os.path.join(ROOT, "tests", "bench", "ddp_baseline.py"),
+             "--ranks", RANKS, "--global-batch", GLOBAL_BATCH, "--micro-batch", micro_batch,
+             "--steps", steps, "--threads", 1, "--port", port])
+    return float(re.search(r"samples/s (\S+)", r.stdout).group(1))
+
+
+def sgemm():
+    r = run(MPI + [os.path.join(BENCH, "bench_sgemm"), 0.4])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bench_throughput(runner, reps, results):
+    """Targets 1 and 2: autoaccum vs DDP at micro-batch 8/64/512; MFU against sgemm."""
+    log("== throughput: autoaccum vs PyTorch DDP (gloo, no_sync), and MFU against sgemm")
+    sizes = [8, 64, 512]
+    raw = {m: {"autoaccum": [], "ddp": [], "ratio": [], "mfu": [], "unfused": [], "fused_gain": []}
+           for m in sizes}
+    peaks = []
+    for rep in range(reps):
+        gemm = sgemm()
+        peaks.append(gemm["peak"])
+        for m in sizes:
+            a = runner.steady(runner.train(m))
+            d = ddp(m, runner.steps, 29600 + rep * 10 + sizes.index(m))
+            u = runner.steady(runner.train(m, env={"AUTOACCUM_FUSED_LINEAR": "0"}))
+            raw[m]["unfused"].append(u)
+            raw[m]["fused_gain"].append(a / u)
+            per_rank_flops = a / RANKS * FLOP_PER_SAMPLE
+            raw[m]["autoaccum"].append(a)
+            raw[m]["ddp"].append(d)
+            raw[m]["ratio"].append(a / d)
+            raw[m]["mfu"].append(per_rank_flops / (gemm["peak"] * 1e9))
+            log(f"  rep {rep + 1}/{reps} m={m}: autoaccum {a:.0f}/s (plain nn::Linear {u:.0f}/s), "
+                f"DDP {d:.0f}/s, "
+                f"ratio {a / d:.2f}, MFU {per_rank_flops / (gemm['peak'] * 1e9):.2f} "
+                f"(sgemm peak {gemm['peak']:.1f} GFLOP/s per rank)")
+    results["throughput"] = {str(m): {k: spread(v) for k, v in raw[m].items() if v} for m in sizes}
+    results["sgemm_peak_gflops"] = spread(peaks)
+    results["sgemm_last"] = gemm
+
+
+def bench_memory(runner, results):
+    """Target 6: peak bytes against the micro-batch; live bytes over 1000 steps."""
+    log("== memory: peak bytes against the micro-batch")
+    peaks = {}
+    for m in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]:
+        steps = runner.train(m, steps=4 if m < 4 else 6)
+        peaks[m] = int(steps["peak_bytes"].max())
+        log(f"  m={m}: peak {peaks[m] / 2**20:.2f} MiB")
+    results["peak_bytes"] = {str(m): v for m, v in peaks.items()}
+    log("== memory: live bytes over 1000 steps (m=64)")
+    steps = runner.train(64, steps=1000)
+    live = steps["live_bytes"]
+    results["live_1000"] = {"first": int(live[0]), "min": int(live[1:].min()),
+                            "max": int(live[1:].max()), "last": int(live[-1]),
+                            "steps": int(len(live)),
+                            "peak_first": int(steps["peak_bytes"][0]),
+                            "peak_last": int(steps["peak_bytes"][-1])}
+    log(f"  live bytes: step 0 {live[0]}, steps 1-999 min {live[1:].min()} max {live[1:].max()}")
+    return peaks
+
+
+def limit_between(peaks, m):
+    """A memory limit under which m fits and 2m does not."""
+    return (peaks[m] + peaks[2 * m]) // 2
+
+
+def bench_auto(runner, peaks, reps, results):
+    """Target 3: --micro-batch auto under a limit against the best fixed micro-batch under it."""
+    log("== automatic against hand-tuned (limit between the peaks of 64 and 128)")
+    limit = limit_between(peaks, 64)
+    candidates = [32, 48, 64, 80, 96, 112, 128]
+    rows = {"auto": [], "best_fixed": [], "ratio": [], "best_m": []}
+    fits = {}
+    for rep in range(reps):
+        auto = runner.train("auto", limit=limit)
+        a = runner.steady(auto)
+        fixed = {}
+        for m in candidates:
+            if fits.get(m) is False:
+                continue
+            steps = runner.train(m, limit=limit, check=False)
+            fits[m] = steps is not None
+            if steps is not None:
+                fixed[m] = runner.steady(steps)
+        best = max(fixed, key=fixed.get)
+        rows["auto"].append(a)
+        rows["best_fixed"].append(fixed[best])
+        rows["ratio"].append(a / fixed[best])
+        rows["best_m"].append(best)
+        log(f"  rep {rep + 1}/{reps}: auto settled at {auto['final_micro_batch']}: {a:.0f}/s; "
+            f"fixed: " + ", ".join(f"{m}: {v:.0f}" for m, v in fixed.items())
+            + f"; auto/best {a / fixed[best]:.3f}")
+    results["auto"] = {"limit": int(limit), "final": int(auto["final_micro_batch"]),
+                       "fits": {str(m): v for m, v in fits.items()},
+                       "auto": spread(rows["auto"]), "best_fixed": spread(rows["best_fixed"]),
+                       "ratio": spread(rows["ratio"]), "best_m": rows["best_m"]}
+
+    log("== cost of the search against log2(per-rank batch / final micro-batch)")
+    search = {}
+    for final in [256, 64, 16, 4]:
+        costs, retries = [], []
+        for rep in range(max(2, reps // 2)):
+            steps = runner.train("auto", steps=12, limit=limit_between(peaks, final))
+            searched = steps["oom_retries"] > 0
+            normal = float(np.median(steps["step_seconds"][~searched][1:]))
+            costs.append(float(steps["retry_seconds"].sum()))
+            retries.append(int(steps["oom_retries"].sum()))
+            got = steps["final_micro_batch"]
+        search[str(final)] = {"log2": int(np.log2(PER_RANK / final)), "retries": retries,
+                              "final": got, "seconds": spread(costs),
+                              "step_seconds": normal}
+        log(f"  -> {final}: final {got}, retries {retries}, extra seconds "
+            f"{statistics.median(costs):.3f} (a normal step {normal:.3f} s)")
+    results["search"] = search
+
+
+def bench_allreduce(reps, results):
+    """Target 4: the gradient collective's bandwidth against raw MPI_Allreduce."""
+    log("== gradient all-reduce: MpiCommunicator vs raw MPI_Allreduce, same bytes")
+    ratios, outs = [], []
+    for rep in range(reps):
+        r = run(MPI + [os.path.join(BENCH, "bench_allreduce"), 669706 + 2 * RANKS + 2, 200])
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        outs.append(out)
+        ratios.append(out["ratio"])
+        log(f"  rep {rep + 1}: raw {out['raw_us']:.0f} us, autoaccum {out['ours_us']:.0f} us, "
+            f"bandwidth ratio {out['ratio']:.3f}")
+    results["allreduce"] = {"ratio": spread(ratios),
+                            "raw_gbps": spread([o["raw_gbps"] for o in outs]),
+                            "ours_gbps": spread([o["ours_gbps"] for o in outs]),
+                            "floats": outs[0]["floats"]}
+
+
+def bench_data(runner, work, quick, results):
+    """Target 5: time waiting for data, from the run log, on Fashion-MNIST and a 2 GB file."""
+    log("== data: waiting for the prefetcher, from the run log")
+    out = {}
+    fashion = os.path.join(ROOT, "data", "fashion-mnist-train.h5")
+    if not os.path.exists(fashion):
+        run([BIN, "import", "fashion-mnist", "--out", os.path.join(ROOT, "data")])
+    steps = runner.train("auto", steps=120 if quick else 234, data=fashion,
+                         extra=["--model", "cnn"], limit="12MiB")
+    out["fashion-mnist cnn"] = wait_fraction(steps)
+    big = os.path.join(ROOT, "build", "bench-data", "synth-2g.h5")
+    if not os.path.exists(big):
+        os.makedirs(os.path.dirname(big), exist_ok=True)
+        run([BIN, "synth", "--out", big, "--rows", 2000000, "--features", 256, "--classes", 10,
+             "--seed", 1])
+    cold = drop_page_cache(big)
+    steps = runner.train(64, steps=150 if quick else 400, data=big, global_batch=4096)
+    out["2 GB synthetic, mlp 256-512-512-10, global batch 4096"] = wait_fraction(steps)
+    out["2 GB synthetic, mlp 256-512-512-10, global batch 4096"]["cold_cache"] = cold
+    for name, v in out.items():
+        log(f"  {name}: waited {100 * v['fraction']:.3f}% of step time "
+            f"(max one step {v['max_step_fraction'] * 100:.1f}%)")
+    results["data"] = out
+
+
+def wait_fraction(steps):
+    wait, total = steps["data_wait_seconds"][1:], steps["step_seconds"][1:]
+    return {"fraction": float(wait.sum() / total.sum()),
+            "max_step_fraction": float((wait / total).max()), "steps": int(len(total))}
+
+
+def drop_page_cache(path):
+    """Evicts the file from the page cache when the kernel lets us (posix_fadvise DONTNEED)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+
+
+def bench_existing(reps, results):
+    """The earlier micro-benchmarks: fused OOM flag, slab reads."""
+    log("== OOM flag fused into the gradient all-reduce vs a separate all-reduce")
+    out = {}
+    for floats in (1000, 669706):
+        ratios = []
+        for _ in range(max(1, reps // 2)):
+            r = run(MPI + [os.path.join(BENCH, "bench_flag_fusion"), floats, 300])
+            ratios.append(float(re.search(r"separate / fused = (\S+)", r.stdout).group(1)))
+        out[str(floats)] = spread(ratios)
+        log(f"  {floats} floats: separate/fused {statistics.median(ratios):.2f}")
+    results["flag_fusion"] = out
+    log("== slab reads vs sequential reads of the 2 GB file (page cache)")
+    big = os.path.join(ROOT, "build", "bench-data", "synth-2g.h5")
+    subprocess.run(["cat", big], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+    slab = {}
+    for batch in (512, 4096, 65536):
+        ratios = []
+        for _ in range(max(1, reps // 2)):
+            r = run(MPI + [os.path.join(BENCH, "bench_slab_read"), big, batch, 5])
+            ratios.append(float(re.search(r"slab / sequential bandwidth = (\S+)",
+                                          r.stdout).group(1)))
+        slab[str(batch)] = spread(ratios)
+        log(f"  global batch {batch}: slab/sequential {statistics.median(ratios):.2f}")
+    results["slab_read"] = slab
+
+
+def render(results):
+    t = results["throughput"]
+    lines = [f"Generated by `tests/bench/run.sh` on {results['date']} ({results['machine']}); "
+             f"{results['reps']} repetitions, interleaved; each cell is the median "
+             "(min-max over repetitions). 2 ranks x 1 thread, OpenBLAS, MLP 784-512-512-10, "
+             f"global batch {GLOBAL_BATCH}, {results['steps']} steps per run (the first 3 and "
+             "any with OOM retries left out of the medians).", ""]
+    lines += ["### 1. Against PyTorch DDP (target: autoaccum / DDP >= 1.5 at each micro-batch)",
+              "", "| micro-batch | autoaccum samples/s | DDP samples/s | autoaccum / DDP | met |",
+              "|---|---|---|---|---|"]
+    for m, row in t.items():
+        ok = "yes" if row["ratio"]["median"] >= 1.5 else "**no**"
+        lines.append(f"| {m} | {fmt(row['autoaccum'], 0)} | {fmt(row['ddp'], 0)} | "
+                     f"{fmt(row['ratio'])} | {ok} |")
+    lines += ["", "Where the difference comes from: the same autoaccum run with plain `nn::Linear` "
+              "layers (`AUTOACCUM_FUSED_LINEAR=0`, autograd writes each weight gradient and then "
+              "adds it) against the fused weight-gradient accumulation (docs/design.md):", "",
+              "| micro-batch | plain nn::Linear samples/s | fused / plain |", "|---|---|---|"]
+    for m, row in t.items():
+        lines.append(f"| {m} | {fmt(row['unfused'], 0)} | {fmt(row['fused_gain'])} |")
+    peak = results["sgemm_peak_gflops"]
+    lines += ["", "### 2. Model FLOP utilisation against sgemm (target: >= 0.80 from micro-batch "
+              "64 up)", "",
+              f"FLOPs per sample {FLOP_PER_SAMPLE:,} (3 GEMMs per layer, no input gradient for "
+              f"the first); sgemm ceiling per rank, both ranks running at once: "
+              f"{fmt(peak, 1)} GFLOP/s (best of the shapes below, slowest rank).", "",
+              "| micro-batch | MFU | met |", "|---|---|---|"]
+    for m, row in t.items():
+        ok = "(report only)" if m == "8" else ("yes" if row["mfu"]["median"] >= 0.8 else "**no**")
+        lines.append(f"| {m} | {fmt(row['mfu'])} | {ok} |")
+    lines += ["", "sgemm shapes (last repetition), GFLOP/s per rank: " + ", ".join(
+        f"{s['m']}x{s['k']}x{s['n']}: {s['gflops']:.1f}" for s in results["sgemm_last"]["shapes"])]
+    a = results["auto"]
+    lines += ["", "### 3. Automatic against hand-tuned (target: within 2%)", "",
+              f"Memory limit {a['limit'] / 2**20:.2f} MiB per rank (between the peaks of "
+              f"micro-batch 64 and 128); `--micro-batch auto` settles at {a['final']}. Fixed "
+              "micro-batches tried under the same limit: " + ", ".join(
+                  f"{m} ({'fits' if ok else 'OOM'})" for m, ok in a["fits"].items()) + ".", "",
+              "| auto samples/s | best fixed samples/s | best fixed m | auto / best | met |",
+              "|---|---|---|---|---|",
+              f"| {fmt(a['auto'], 0)} | {fmt(a['best_fixed'], 0)} | "
+              f"{', '.join(map(str, a['best_m']))} | {fmt(a['ratio'], 3)} | "
+              f"{'yes' if a['ratio']['median'] >= 0.98 else '**no**'} |", "",
+              "Search cost (12-step runs; seconds spent in the attempts that ran out of memory, "
+              "the run log's `retry_seconds`; a retry fails at its first micro-batch, so it costs "
+              "about one micro-batch's forward pass):", "",
+              "| final micro-batch | log2(512 / final) | retries | search seconds | normal step |",
+              "|---|---|---|---|---|"]
+    for final, s in results["search"].items():
+        lines.append(f"| {s['final']} | {s['log2']} | {', '.join(map(str, s['retries']))} | "
+                     f"{fmt(s['seconds'], 3)} | {s['step_seconds']:.3f} s |")
+    ar = results["allreduce"]
+    lines += ["", "### 4. Gradient synchronisation (target: >= 0.9 of raw MPI_Allreduce)", "",
+              f"{ar['floats']:,} floats (gradients + slots), 200 interleaved calls per "
+              "repetition, medians.", "",
+              "| raw MPI_Allreduce GB/s | autoaccum GB/s | ratio | met |", "|---|---|---|---|",
+              f"| {fmt(ar['raw_gbps'], 2)} | {fmt(ar['ours_gbps'], 2)} | {fmt(ar['ratio'], 3)} | "
+              f"{'yes' if ar['ratio']['median'] >= 0.9 else '**no**'} |", "",
+              "Exactly one gradient collective per optimizer step is asserted in the test suite "
+              "(`mpi_trainer`, `ExactlyOneGradientCollectivePerStep`, at 2, 3 and 4 ranks)."]
+    lines += ["", "### 5. Waiting for data (target: < 2% of step time)", "",
+              "| data | steps | waited / step time | worst single step | met |",
+              "|---|---|---|---|---|"]
+    for name, v in results["data"].items():
+        note = " (page cache dropped first)" if v.get("cold_cache") else ""
+        lines.append(f"| {name}{note} | {v['steps']} | {100 * v['fraction']:.3f}% | "
+                     f"{100 * v['max_step_fraction']:.1f}% | "
+                     f"{'yes' if v['fraction'] < 0.02 else '**no**'} |")
+    peaks = results["peak_bytes"]
+    live = results["live_1000"]
+    lines += ["", "### 6. Memory", "", "Peak live tensor bytes (largest over the ranks) against "
+              "the micro-batch:", "", "| micro-batch | " + " | ".join(peaks) + " |",
+              "|---" * (len(peaks) + 1) + "|",
+              "| peak MiB | " + " | ".join(f"{v / 2**20:.2f}" for v in peaks.values()) + " |", "",
+              f"Live bytes after each of {live['steps']} steps at micro-batch 64 (rank 0): step 0 "
+              f"{live['first']:,}; steps 1-{live['steps'] - 1}: min {live['min']:,}, max "
+              f"{live['max']:,} ({'flat' if live['min'] == live['max'] else 'not flat'}). "
+              f"Peak after step 0 {live['peak_first']:,}, after the last {live['peak_last']:,}."]
+    ff = results["flag_fusion"]
+    lines += ["", "### OOM flag fused into the gradient all-reduce", "",
+              "| gradient floats | separate / fused |", "|---|---|"]
+    for n, s in ff.items():
+        lines.append(f"| {int(n):,} | {fmt(s)} |")
+    lines += ["", "### Slab reads against a plain sequential read (2 GB file, page cache)", "",
+              "| global batch (slab per rank) | slab / sequential bandwidth |", "|---|---|"]
+    for n, s in results["slab_read"].items():
+        lines.append(f"| {int(n):,} ({int(n) // RANKS * 1024 // 1024} KiB) | {fmt(s)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(text):
+    path = os.path.join(ROOT, "docs", "benchmarks.md")
+    with open(path) as f:
+        doc = f.read()
+    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    if begin not in doc:
+        doc += f"\n{begin}\n{end}\n"
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path + ".tmp", "w") as f:
+        f.write(head + begin + "\n" + text + end + tail)
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
+    parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.quick:
+        args.reps, args.steps = 1, 12
+    if os.geteuid() == 0:
+        os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    start = time.time()
+    results = {"date": datetime.date.today().isoformat(), "reps": args.reps,
+               "steps": args.steps,
+               "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+                          + cpu_name()}
+    with tempfile.TemporaryDirectory(prefix="autoaccum-bench-") as work:
+        runner = Runner(work, args.steps)
+        run([BIN, "synth", "--out", runner.data, "--rows", 16384, "--features", 784,
+             "--classes", 10, "--seed", 1])
+        bench_throughput(runner, args.reps, results)
+        peaks = bench_memory(runner, results)
+        bench_auto(runner, peaks, max(1, min(args.reps, 3)), results)
+        bench_allreduce(max(1, min(args.reps, 3)), results)
+        bench_data(runner, work, args.quick, results)
+        bench_existing(args.reps, results)
+    results["seconds"] = time.time() - start
+    os.makedirs(os.path.join(ROOT, "build", "bench"), exist_ok=True)
+    with open(os.path.join(ROOT, "build", "bench", "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = render(results)
+    print(text)
+    if not args.no_docs:
+        write_docs(text)
+        log("docs/benchmarks.md updated")
+    log(f"bench: {results['seconds'] / 60:.1f} minutes")
+
+
+def cpu_name():
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()

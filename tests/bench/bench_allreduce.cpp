@@ -1,0 +1,69 @@
+// The gradient collective against a raw MPI_Allreduce loop over the same bytes: autoaccum's
+// MpiCommunicator::allreduce_sum (what the trainer calls once per attempt) and MPI_Allreduce on
+// MPI_COMM_WORLD, interleaved, medians.
+//   mpirun -np 2 build/tests/bench/bench_allreduce [floats] [repetitions]
+// Prints one JSON object on rank 0.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "autoaccum/comm/mpi_communicator.hpp"
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // The MLP 784-512-512-10's gradients plus the trainer's 2 * world + 2 slots.
+  const long n = argc > 1 ? std::atol(argv[1]) : 669706 + 2L * size + 2;
+  const int repetitions = argc > 2 ? std::atoi(argv[2]) : 200;
+  std::vector<float> a(static_cast<std::size_t>(n), 1.0f), b(a);
+  std::vector<double> raw, ours;
+  {
+    autoaccum::comm::MpiCommunicator comm;
+    for (int r = 0; r < repetitions + 5; ++r) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t = now();
+      MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+      const double raw_s = now() - t;
+      MPI_Barrier(MPI_COMM_WORLD);
+      t = now();
+      comm.allreduce_sum(b.data(), static_cast<std::size_t>(n));
+      const double ours_s = now() - t;
+      if (r >= 5) {  // warm-up
+        raw.push_back(raw_s);
+        ours.push_back(ours_s);
+      }
+      std::fill(a.begin(), a.end(), 1.0f);  // keep the values small; same work each time
+      std::fill(b.begin(), b.end(), 1.0f);
+    }
+  }
+  if (rank == 0) {
+    const double bytes = static_cast<double>(n) * sizeof(float);
+    std::printf(
+        "{\"ranks\": %d, \"floats\": %ld, \"repetitions\": %d, \"raw_us\": %.1f, \"ours_us\": "
+        "%.1f, \"raw_gbps\": %.3f, \"ours_gbps\": %.3f, \"ratio\": %.3f}\n",
+        size, n, repetitions, median(raw) * 1e6, median(ours) * 1e6, bytes / median(raw) / 1e9,
+        bytes / median(ours) / 1e9, median(raw) / median(ours));
+  }
+  MPI_Finalize();
+  return 0;
+}
