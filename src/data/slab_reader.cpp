@@ -288,7 +288,8 @@ Batch SlabReader::read(std::int64_t begin, std::int64_t end) const {
     const FieldSpec& field = schema_.fields[f];
     std::vector<std::int64_t> shape{rows};
     shape.insert(shape.end(), field.row_shape.begin(), field.row_shape.end());
-    at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(tensor_type(field.type)));
+    at::Tensor tensor =
+        at::empty(shape, at::TensorOptions().dtype(tensor_type(field.type)).pinned_memory(pinned_));
     std::int64_t per_row = 1;
     for (auto d : field.row_shape)
       per_row *= d;

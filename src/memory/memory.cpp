@@ -16,6 +16,12 @@
 
 #include "autoaccum/core/error.hpp"
 
+#if AUTOACCUM_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace autoaccum::memory {
 namespace {
 
@@ -74,6 +80,7 @@ class CpuBudget final : public c10::Allocator {
 };
 
 std::atomic<bool> installed{false};
+std::atomic<int> cuda_device_in_use{-1};  // -1: the CPU budget is the device
 
 }  // namespace
 
@@ -145,6 +152,7 @@ UncountedScope::~UncountedScope() {
 void install_cpu_budget(std::int64_t limit_bytes) {
   auto& budget = CpuBudget::instance();
   budget.limit_.store(limit_bytes);
+  cuda_device_in_use.store(-1);  // the CPU is the measured device until use_cuda_device()
   if (!installed.exchange(true)) c10::SetCPUAllocator(&budget, /*priority=*/100);
 }
 
@@ -164,6 +172,93 @@ void reset_cpu_peak() noexcept {
   auto& budget = CpuBudget::instance();
   budget.peak_.store(budget.live_.load());
 }
+
+bool cuda_built() noexcept {
+  return AUTOACCUM_HAVE_CUDA != 0;
+}
+
+int cuda_device_count() noexcept {
+#if AUTOACCUM_HAVE_CUDA
+  try {
+    return static_cast<int>(c10::cuda::device_count());
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+#if AUTOACCUM_HAVE_CUDA
+namespace {
+// Index 0 of the allocator's stat arrays is the aggregate over pool types in every LibTorch
+// version that has them (1.13 to 2.x); named StatType::AGGREGATE in each.
+constexpr std::size_t kAggregate = 0;
+// Device indices are int in LibTorch 1.x and c10::DeviceIndex in 2.x; the narrow type fits both.
+c10::DeviceIndex index(int device) {
+  return static_cast<c10::DeviceIndex>(device);
+}
+}  // namespace
+
+std::int64_t cuda_total_bytes(int device) {
+  return static_cast<std::int64_t>(at::cuda::getDeviceProperties(index(device))->totalGlobalMem);
+}
+
+void use_cuda_device(int device, std::int64_t limit_bytes) {
+  c10::cuda::set_device(index(device));
+  // Set every time (1.0 without a limit): the fraction outlives a Trainer in the same process.
+  const double total = static_cast<double>(cuda_total_bytes(device));
+  const double fraction =
+      limit_bytes > 0 ? std::min(1.0, static_cast<double>(limit_bytes) / total) : 1.0;
+  c10::cuda::CUDACachingAllocator::emptyCache();  // the new cap applies to what is reserved
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index(device));
+  cuda_device_in_use.store(device);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index(device));
+}
+
+std::int64_t live_bytes() noexcept {
+  const int device = cuda_device_in_use.load();
+  if (device < 0) return cpu_live_bytes();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device))
+      .allocated_bytes[kAggregate]
+      .current;
+}
+
+std::int64_t peak_bytes() noexcept {
+  const int device = cuda_device_in_use.load();
+  if (device < 0) return cpu_peak_bytes();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device))
+      .allocated_bytes[kAggregate]
+      .peak;
+}
+
+void reset_peak() noexcept {
+  const int device = cuda_device_in_use.load();
+  if (device < 0) return reset_cpu_peak();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index(device));
+}
+
+void synchronize_device() {
+  if (cuda_device_in_use.load() >= 0) c10::cuda::device_synchronize();
+}
+#else
+std::int64_t cuda_total_bytes(int) {
+  throw BackendUnavailable("this build has no CUDA support (see docs/gpu.md)");
+}
+void use_cuda_device(int, std::int64_t) {
+  throw BackendUnavailable("this build has no CUDA support (see docs/gpu.md)");
+}
+std::int64_t live_bytes() noexcept {
+  return cpu_live_bytes();
+}
+std::int64_t peak_bytes() noexcept {
+  return cpu_peak_bytes();
+}
+void reset_peak() noexcept {
+  reset_cpu_peak();
+}
+void synchronize_device() {}
+#endif
 
 void tune_malloc() noexcept {
   // 1 GiB: blocks below it come from the heap and stay there after free; trimming only above it.
@@ -189,7 +284,17 @@ void throw_out_of_memory(const std::string& message) {
 }
 
 void release_cached_memory() noexcept {
-  // The CPU budget keeps no cache of its own; CUDA's cache is emptied by the CUDA path.
+#if AUTOACCUM_HAVE_CUDA
+  if (cuda_device_in_use.load() >= 0) {
+    // Blocks cached at the failed size would fragment the smaller attempt's memory.
+    try {
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    } catch (...) {
+    }
+    return;
+  }
+#endif
+  // The CPU budget keeps no cache of its own beyond glibc's heap.
   malloc_trim(0);
 }
 

@@ -75,6 +75,7 @@ class ModuleModel final : public Model {
     return out;
   }
   void set_training(bool training) override { net_->train(training); }
+  void to(const c10::Device& device) override { net_->to(device); }
   std::string describe() override { return description_; }
 
  private:
@@ -111,6 +112,7 @@ class ScriptModel final : public Model {
     return out;
   }
   void set_training(bool training) override { module_.train(training); }
+  void to(const c10::Device& device) override { module_.to(device); }
   std::string describe() override { return "TorchScript " + path_; }
 
  private:

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/comm/factory.hpp"
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/data/batch_plan.hpp"
@@ -94,6 +95,15 @@ struct Slots {
 struct Trainer::State {
   TrainOptions options;
   comm::Communicator& comm;
+  // --device cuda: the model, micro-batches and flat gradients live on this rank's GPU and the
+  // gradients go through gradient_comm (NCCL); the control plane stays on `comm`.
+  bool use_cuda = false;
+  c10::Device device{c10::kCPU};
+  std::unique_ptr<comm::Communicator> gradient_comm;
+  comm::Communicator& data_comm() { return gradient_comm ? *gradient_comm : comm; }
+  at::Tensor on_device(const at::Tensor& t) const {
+    return use_cuda ? t.to(device, /*non_blocking=*/true) : t;  // CPU: the view itself
+  }
   int rank = 0;
   int world = 1;
   bool root = false;
@@ -167,14 +177,31 @@ void Trainer::State::setup() {
   }
   at::set_num_threads(threads);
   memory::tune_malloc();
-  memory::install_cpu_budget(o.memory_limit);
+
+  // The device: "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the
+  // node-local rank; --memory-limit then caps the CUDA caching allocator.
+  const int gpus = memory::cuda_device_count();
+  const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
+  comm::collectively(comm, [&] {
+    if (o.device != "cuda") return;
+    if (!memory::cuda_built()) {
+      throw UsageError(
+          "--device cuda: this build has no CUDA support (it needs a LibTorch built "
+          "with CUDA; see docs/gpu.md)");
+    }
+    if (gpus == 0) throw UsageError("--device cuda: rank " + std::to_string(rank) + " sees no GPU");
+  });
+  use_cuda = o.device == "cuda" || (o.device == "auto" && gpus_everywhere);
+  // On CUDA, host tensors are still counted, never limited; the limit is the GPU's.
+  memory::install_cpu_budget(use_cuda ? 0 : o.memory_limit);
+  if (use_cuda) {
+    const int index = comm.local_rank() % gpus;
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+    comm::collectively(comm, [&] { memory::use_cuda_device(index, o.memory_limit); });
+  }
 
   // Open and check the data on every rank; every rank learns of any rank's problem.
   comm::collectively(comm, [&] {
-    if (o.device != "cpu" && o.device != "auto") {
-      throw UsageError("--device " + o.device +
-                       ": this build has no CUDA support (see docs/gpu.md)");
-    }
     reader =
         std::make_unique<data::SlabReader>(data::expand_data_paths(o.data), o.inputs, o.targets);
     if (!o.val_data.empty()) {
@@ -219,10 +246,24 @@ void Trainer::State::setup() {
   });
 
   // Rank 0's initial parameters everywhere (they are equal by seeding; this makes it certain).
+  // Broadcast on the host, before the model moves to its device.
   {
     torch::NoGradGuard no_grad;
     for (auto& p : model->parameters())
       comm.broadcast(p.data_ptr(), static_cast<std::size_t>(p.nbytes()), 0);
+  }
+  if (use_cuda) {
+    comm::collectively(comm, [&] {
+      model->to(device);
+      reader->set_pinned(true);
+      if (val_reader) val_reader->set_pinned(true);
+    });
+    // The gradient communicator for device buffers (--backend auto: NCCL), bootstrapped over
+    // MPI; every rank builds it, or every rank learns why not.
+    comm::collectively(comm, [&] {
+      gradient_comm =
+          comm::make_communicator(comm::parse_backend(options.backend), comm::MemoryKind::kDevice);
+    });
   }
   gradients = std::make_unique<FlatGradients>(model->parameters(), slots.count());
   slot.assign(static_cast<std::size_t>(slots.count()), 0.0f);
@@ -351,7 +392,7 @@ void Trainer::State::restore(const io::Checkpoint& c) {
     try {
       std::istringstream in(c.optimizer);
       torch::serialize::InputArchive archive;
-      archive.load_from(in);
+      archive.load_from(in, device);
       optimizer->load(archive);
     } catch (const c10::Error& e) {
       problem = "'" + options.checkpoint + "': optimizer state does not match: " + e.msg();
@@ -372,8 +413,13 @@ io::Checkpoint Trainer::State::snapshot() {
   c.micro_batch = policy->current();
   c.world_size = world;
   c.seed = options.seed;
+  // Host copies (a no-op on the CPU): the checkpoint writer reads host memory.
   c.params = model->named_parameters();
   c.buffers = model->named_buffers();
+  for (auto* list : {&c.params, &c.buffers}) {
+    for (auto& named : *list)
+      named.second = named.second.detach().to(at::kCPU);
+  }
   std::ostringstream out;
   torch::serialize::OutputArchive archive;
   optimizer->save(archive);
@@ -416,13 +462,13 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
   // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
   // micro-batch (it matters on a GPU).
   at::Tensor local_loss;
-  memory::reset_cpu_peak();
+  memory::reset_peak();
   try {
     for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
       const data::Batch micro = slab.slice(offset, m);
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i < input_count; ++i)
-        inputs.push_back(micro[i]);
+        inputs.push_back(on_device(micro[i]));
       at::Tensor output = model->forward(inputs);
       // Injected after the forward pass, so the activations exist when it throws, as in a real
       // OOM late in forward; they must be released like a real one's.
@@ -431,7 +477,7 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
         memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
                                     std::to_string(micro.rows()));
       }
-      at::Tensor micro_loss = loss_of(output, micro[input_count], global_rows);
+      at::Tensor micro_loss = loss_of(output, on_device(micro[input_count]), global_rows);
       micro_loss.backward();
       local_loss = local_loss.defined() ? local_loss + micro_loss.detach() : micro_loss.detach();
       if (!checked_views) {
@@ -445,15 +491,16 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
     slot[slots.oom(rank)] = 1.0f;
     local_loss = at::Tensor();
   }
-  slot[slots.peak_kib(rank)] = static_cast<float>(memory::cpu_peak_bytes() / 1024);
+  slot[slots.peak_kib(rank)] = static_cast<float>(memory::peak_bytes() / 1024);
   slot[slots.stop()] = stop_requested() ? 1.0f : 0.0f;
   gradients->write_slots(slot.data());
   if (local_loss.defined())
     gradients->slot(static_cast<std::int64_t>(slots.loss())).copy_(local_loss.reshape({1}));
 
   const auto reduce_start = Clock::now();
-  comm.allreduce_sum(gradients->buffer().data_ptr<float>(),
-                     static_cast<std::size_t>(gradients->buffer().numel()));
+  memory::synchronize_device();  // NCCL runs on its own stream
+  data_comm().allreduce_sum(gradients->buffer().data_ptr<float>(),
+                            static_cast<std::size_t>(gradients->buffer().numel()));
   allreduce_seconds += seconds_since(reduce_start);
   gradients->read_slots(slot.data());
 
@@ -484,9 +531,9 @@ void Trainer::State::evaluate() {
       const data::Batch micro = val_reader->read(first, std::min(part.end, first + m));
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i + 1 < micro.size(); ++i)
-        inputs.push_back(micro[i]);
+        inputs.push_back(on_device(micro[i]));
       at::Tensor output = model->forward(inputs);
-      const at::Tensor& target = micro[micro.size() - 1];
+      const at::Tensor target = on_device(micro[micro.size() - 1]);
       totals[0] += loss_of(output, target, 1).item<double>();
       if (classification) totals[1] += output.argmax(1).eq(target).sum().item<double>();
       totals[2] += static_cast<double>(micro.rows());
@@ -670,7 +717,7 @@ TrainResult Trainer::run_steps() {
       row.skipped = finite ? 0 : 1;
       row.data_wait_seconds = data_wait;
       row.peak_bytes = *std::max_element(s.peak_bytes.begin(), s.peak_bytes.end());
-      row.live_bytes = memory::cpu_live_bytes();
+      row.live_bytes = memory::live_bytes();
       row.allreduce_seconds = s.allreduce_seconds;
       row.retry_seconds = retry_seconds;
       s.run_log->add(row);

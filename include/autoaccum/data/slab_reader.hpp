@@ -56,12 +56,17 @@ class SlabReader {
   // keep their type. Safe to call from one background thread while the main thread trains.
   Batch read(std::int64_t begin, std::int64_t end) const;
 
+  // Slabs in page-locked (pinned) host memory, so micro-batches copy to a GPU asynchronously.
+  // Needs a CUDA LibTorch and a GPU; set before the first read.
+  void set_pinned(bool pinned) noexcept { pinned_ = pinned; }
+
  private:
   struct Shard;
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<std::int64_t> shard_first_row_;  // global index of each shard's first row
   DataSchema schema_;
+  bool pinned_ = false;
 };
 
 }  // namespace autoaccum::data

@@ -19,7 +19,7 @@ std::string format_bytes(std::int64_t bytes);
 // Installs (once per process) a CPU allocator that counts live tensor bytes and their peak, and
 // throws c10::OutOfMemoryError when an allocation would take live bytes past the limit, as a
 // GPU's allocator does. A limit of 0 means none (bytes are still counted). Safe to call again
-// to change the limit.
+// to change the limit. Makes the CPU the device that live_bytes()/peak_bytes() describe.
 void install_cpu_budget(std::int64_t limit_bytes);
 bool cpu_budget_installed() noexcept;
 std::int64_t cpu_limit() noexcept;
@@ -39,6 +39,23 @@ class UncountedScope {
   UncountedScope& operator=(const UncountedScope&) = delete;
 };
 
+// The device whose memory the trainer measures and limits. By default the CPU budget above.
+// use_cuda_device() switches to a CUDA device's caching allocator: a limit becomes the
+// per-process memory fraction (limit / the device's total memory), so a small limit behaves like
+// a small GPU, and live/peak bytes come from the allocator's statistics. Throws
+// BackendUnavailable when this build has no CUDA (AUTOACCUM_HAVE_CUDA).
+void use_cuda_device(int device, std::int64_t limit_bytes);
+bool cuda_built() noexcept;
+int cuda_device_count() noexcept;  // 0 without CUDA or without a visible GPU
+std::int64_t cuda_total_bytes(int device);
+// Device-aware: the CUDA device's counters after use_cuda_device(), else the CPU budget's.
+std::int64_t live_bytes() noexcept;
+std::int64_t peak_bytes() noexcept;
+void reset_peak() noexcept;
+// Waits for the device's queued work (a no-op on CPU): before a collective that runs on another
+// stream reads buffers the model's stream wrote.
+void synchronize_device();
+
 // Keeps freed large blocks in the process instead of returning them to the OS on every free
 // (glibc's default for blocks above its mmap threshold), so each step does not re-fault its
 // pages: measured 22k -> 42k samples/s for an MLP at micro-batch 512 on these machines.
@@ -51,7 +68,8 @@ bool is_out_of_memory(const std::exception& e) noexcept;
 // Throws c10::OutOfMemoryError with `message` (used by the injector and tests).
 [[noreturn]] void throw_out_of_memory(const std::string& message);
 
-// After an agreed OOM: returns cached blocks (CUDA's caching allocator when built with CUDA).
+// After an agreed OOM: returns cached blocks (emptyCache on the CUDA device in use; malloc_trim on
+// the CPU).
 void release_cached_memory() noexcept;
 
 // --inject-oom rank=R,above=M[,step=S]: rank R throws the same OOM as a real one at the end of the

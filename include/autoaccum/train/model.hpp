@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,7 @@ class Model {
   virtual NamedTensors named_parameters() = 0;
   virtual NamedTensors named_buffers() = 0;
   virtual void set_training(bool training) = 0;
+  virtual void to(const c10::Device& device) = 0;  // parameters and buffers
   virtual std::string describe() = 0;
   std::vector<at::Tensor> parameters();
   std::int64_t parameter_count();

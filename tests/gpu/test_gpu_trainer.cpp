@@ -1,0 +1,126 @@
+// The trainer on a GPU: a real CUDA out-of-memory under --memory-limit recovered by halving, and
+// one step's gradient equal between CPU and GPU. Every test skips itself where this build has
+// no CUDA or the machine no GPU (jobs/gpu-check.sh runs them on a GPU machine).
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/data/importers.hpp"
+#include "autoaccum/io/run_log.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/trainer.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+class GpuTrainerTest : public testing::Test {
+ protected:
+  comm::MpiCommunicator world;
+  std::string dir;
+  std::string data;
+
+  void SetUp() override {
+    const bool gpus = world.allreduce_min(memory::cuda_device_count() > 0 ? 1 : 0) == 1;
+    if (!memory::cuda_built()) GTEST_SKIP() << "built without CUDA (no CUDA LibTorch found)";
+    if (!gpus) GTEST_SKIP() << "no GPU visible on every rank";
+    if (world.rank() == 0) {
+      char name[] = "/tmp/autoaccum-gpu-XXXXXX";
+      dir = mkdtemp(name);
+      data::SynthOptions o;
+      o.out = dir + "/synth.h5";
+      o.rows = 8192;
+      o.features = 784;
+      o.classes = 10;
+      o.seed = 5;
+      data::write_synthetic(o);
+    }
+    world.broadcast(dir, 0);
+    data = dir + "/synth.h5";
+  }
+  void TearDown() override {
+    world.barrier();
+    if (world.rank() == 0 && !dir.empty()) (void)std::system(("rm -rf " + dir).c_str());
+  }
+
+  TrainOptions base(std::int64_t global_batch, std::int64_t steps) const {
+    TrainOptions o;
+    o.data = {data};
+    o.device = "cuda";
+    o.hidden = {512, 512};
+    o.global_batch = global_batch;
+    o.steps = steps;
+    o.shuffle = "batch";
+    o.lr = 0.05;
+    o.momentum = 0.9;
+    o.seed = 11;
+    o.log_every = 0;
+    o.quiet = true;
+    return o;
+  }
+};
+
+TEST_F(GpuTrainerTest, OneStepGradientEqualsTheCpuGradient) {
+  TrainOptions o = base(512 * world.size(), 1);
+  o.micro_batch = 64;
+  at::Tensor gpu, cpu;
+  {
+    Trainer t(o, world);
+    t.run();
+    gpu = t.last_gradient().to(at::kCPU);
+  }
+  o.device = "cpu";
+  o.threads = 1;
+  {
+    Trainer t(o, world);
+    t.run();
+    cpu = t.last_gradient();
+  }
+  ASSERT_EQ(gpu.numel(), cpu.numel());
+  const double scale = cpu.abs().max().item<double>();
+  ASSERT_GT(scale, 0);
+  const double error = (gpu - cpu).abs().max().item<double>() / scale;
+  EXPECT_LT(error, 1e-4) << "max |gpu - cpu| / max |cpu|";
+}
+
+TEST_F(GpuTrainerTest, ARealCudaOutOfMemoryIsRecoveredByHalving) {
+  // Wide layers: activations grow with the micro-batch much faster than the fixed state.
+  const std::int64_t batch = 4096 * world.size();
+  auto peak_at = [&](std::int64_t m) {
+    TrainOptions o = base(batch, 1);
+    o.hidden = {4096, 4096};
+    o.micro_batch = m;
+    Trainer t(o, world);
+    t.run();
+    return world.allreduce_max(memory::peak_bytes());
+  };
+  const std::int64_t full = peak_at(4096);
+  const std::int64_t small = peak_at(256);
+  ASSERT_GT(full, small);
+  TrainOptions o = base(batch, 3);
+  o.hidden = {4096, 4096};
+  o.memory_limit = (full + small) / 2;  // 4096 cannot fit; 256 can
+  o.run_log = dir + "/gpu-oom.h5";
+  TrainResult r;
+  {
+    Trainer t(o, world);
+    r = t.run();
+  }
+  EXPECT_GT(r.oom_events, 0) << "the limit should have caused a real CUDA OOM";
+  EXPECT_LT(r.final_micro_batch, 4096);
+  EXPECT_GE(r.final_micro_batch, 256);
+  EXPECT_EQ(r.steps_done, 3);
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(o.run_log);
+    for (double peak : log.column("ranks", "peak_bytes")->values)
+      EXPECT_LE(peak, static_cast<double>(o.memory_limit));
+    EXPECT_GT(log.column("oom", "rank")->values.size(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace autoaccum::train
