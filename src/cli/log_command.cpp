@@ -86,32 +86,46 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     out << "  step " << integer(step.front()) << ": started at "
         << integer(first_failed ? oom_micro.front() : micro.front()) << "\n";
   }
-  // OOM events grouped by (step, size): which ranks, what next, and the accumulation that followed.
+  // OOM events grouped by (step, size): which ranks, what next, and the accumulation that
+  // followed; and the steps where the size grew (--micro-batch-search refine), in step order.
+  std::vector<std::pair<std::pair<double, std::size_t>, std::string>> events;
+  for (std::size_t k = 1; k < micro.size(); ++k) {
+    if (micro[k] > micro[k - 1]) {
+      std::ostringstream line;
+      line << "  step " << integer(step[k]) << ": " << integer(micro[k])
+           << " fitted (a probe upwards), accumulation " << integer(accumulation[k]) << "\n";
+      events.push_back({{step[k], 0}, line.str()});
+    }
+  }
   for (std::size_t i = 0; i < oom_step.size();) {
     std::size_t j = i;
-    std::ostringstream ranks;
+    std::ostringstream ranks, line;
     while (j < oom_step.size() && oom_step[j] == oom_step[i] && oom_micro[j] == oom_micro[i]) {
       ranks << (j > i ? ", " : "") << integer(oom_rank[j]);
       ++j;
     }
-    out << "  step " << integer(oom_step[i]) << ": " << integer(oom_micro[i])
-        << " did not fit on rank" << (j - i > 1 ? "s " : " ") << ranks.str();
+    line << "  step " << integer(oom_step[i]) << ": " << integer(oom_micro[i])
+         << " did not fit on rank" << (j - i > 1 ? "s " : " ") << ranks.str();
     if (oom_next[i] > 0) {
-      out << " -> " << integer(oom_next[i]);
+      line << " -> " << integer(oom_next[i]);
       // The accumulation that followed, from the step that succeeded at that size.
       for (std::size_t k = 0; k < step.size(); ++k) {
         if (step[k] >= oom_step[i] && micro[k] == oom_next[i]) {
-          out << ", accumulation " << integer(accumulation[k]) << ", from step " << integer(step[k])
-              << " on";
+          line << ", accumulation " << integer(accumulation[k]) << ", from step "
+               << integer(step[k]) << " on";
           break;
         }
       }
     } else {
-      out << " -> no smaller size: the run stopped";
+      line << " -> no smaller size: the run stopped";
     }
-    out << "\n";
+    events.push_back({{oom_step[i], 1 + i}, line.str() + "\n"});
     i = j;
   }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& event : events)
+    out << event.second;
   out << "  final micro-batch " << log.attribute("final_micro_batch");
   if (!accumulation.empty()) out << " (accumulation " << integer(accumulation.back()) << ")";
   out << " after " << step.size() << " logged step(s)\n";

@@ -53,6 +53,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
       throw UsageError("--micro-batch: '" + micro + "' is not 'auto' or a positive integer");
     }
   }
+  const std::string search = vm["micro-batch-search"].as<std::string>();
+  if (search != "halve" && search != "refine")
+    throw UsageError("--micro-batch-search: '" + search + "' is not one of halve, refine");
+  o.refine_micro_batch = search == "refine";
   o.steps = vm["steps"].as<std::int64_t>();
   o.epochs = vm["epochs"].as<double>();
   if (o.steps < 0) throw UsageError("--steps must not be negative");
@@ -134,6 +138,9 @@ Command train_command() {
       "samples per optimizer step, all ranks together");
   add("micro-batch", po::value<std::string>()->default_value("auto")->value_name("auto|N"),
       "rows per forward/backward on a rank: auto finds the largest that fits");
+  add("micro-batch-search",
+      po::value<std::string>()->default_value("halve")->value_name("halve|refine"),
+      "auto: halve after an OOM; refine: then probe upwards by bisection on later steps");
   add("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"), "optimizer steps");
   add("epochs", po::value<double>()->default_value(0)->value_name("E"),
       "epochs (instead of --steps)");

@@ -9,8 +9,11 @@
 namespace autoaccum::train {
 
 MicroBatchPolicy::MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std::int64_t> fixed,
-                                   std::optional<std::int64_t> resumed)
-    : current_(per_rank_rows), automatic_(!fixed) {
+                                   std::optional<std::int64_t> resumed, bool refine)
+    : current_(per_rank_rows),
+      automatic_(!fixed),
+      refine_(refine && !fixed),
+      per_rank_rows_(per_rank_rows) {
   if (per_rank_rows < 1) throw Error("MicroBatchPolicy: a rank must have at least one row");
   if (fixed) {
     if (*fixed < 1) throw UsageError("--micro-batch must be 'auto' or at least 1");
@@ -27,8 +30,28 @@ MicroBatchPolicy::MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std
 
 std::optional<std::int64_t> MicroBatchPolicy::after_oom() {
   if (!automatic_ || current_ <= 1) return std::nullopt;
-  current_ = std::max<std::int64_t>(current_ / 2, 1);
+  failed_ = failed_ > 0 ? std::min(failed_, current_) : current_;
+  if (refine_ && probing_ && fitted_ > 0 && fitted_ < current_) {
+    current_ = fitted_;  // the probe did not fit: back to the last size that did
+  } else {
+    if (fitted_ >= current_) fitted_ = 0;  // a size that fitted before no longer does
+    current_ = std::max<std::int64_t>(current_ / 2, 1);
+  }
+  probing_ = false;
   return current_;
+}
+
+bool MicroBatchPolicy::after_success() {
+  probing_ = false;
+  fitted_ = std::max(fitted_, current_);
+  if (!refine_ || failed_ == 0 || fitted_ >= per_rank_rows_) return false;
+  const std::int64_t resolution = std::max<std::int64_t>(1, fitted_ / 16);
+  if (failed_ - fitted_ <= resolution) return false;
+  const std::int64_t probe = fitted_ + (failed_ - fitted_) / 2;
+  if (probe <= fitted_ || probe >= failed_) return false;
+  current_ = probe;
+  probing_ = true;
+  return true;
 }
 
 std::int64_t MicroBatchPolicy::accumulation(std::int64_t rows) const noexcept {

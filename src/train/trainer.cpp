@@ -226,7 +226,8 @@ void Trainer::State::setup() {
             : static_cast<std::int64_t>(o.epochs * static_cast<double>(plan->batches_per_epoch()));
     if (total_steps < 1)
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
-    policy = std::make_unique<MicroBatchPolicy>(plan->max_rank_rows(), o.micro_batch);
+    policy = std::make_unique<MicroBatchPolicy>(plan->max_rank_rows(), o.micro_batch, std::nullopt,
+                                                o.refine_micro_batch);
     schedule = make_schedule(o.lr, o.warmup_steps, total_steps, o.schedule);
     if (o.lr <= 0 || !std::isfinite(o.lr)) throw UsageError("--lr must be positive");
 
@@ -402,7 +403,7 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   step = c.step;
   if (c.world_size == world) {
     policy = std::make_unique<MicroBatchPolicy>(plan->max_rank_rows(), options.micro_batch,
-                                                c.micro_batch);
+                                                c.micro_batch, options.refine_micro_batch);
   }
 }
 
@@ -627,6 +628,7 @@ TrainResult Trainer::run_steps() {
       for (int r = 0; r < s.world; ++r) {
         if (s.slot[s.slots.oom(r)] > 0) failed.push_back(r);
       }
+      const bool probe = s.policy->probing();
       const std::optional<std::int64_t> next = s.policy->after_oom();
       ++retries;
       s.result.oom_events += static_cast<std::int64_t>(failed.size());
@@ -659,8 +661,9 @@ TrainResult Trainer::run_steps() {
       }
       memory::release_cached_memory();
       s.say(std::string(failed.size() > 1 ? "ranks " : "rank ") + who.str() +
-            " ran out of memory at micro-batch " + std::to_string(m) + " (limit " + limit +
-            "); all " + std::to_string(s.world) + " ranks continue at " + std::to_string(*next));
+            " ran out of memory at micro-batch " + std::to_string(m) + (probe ? " (a probe)" : "") +
+            " (limit " + limit + "); all " + std::to_string(s.world) + " ranks continue at " +
+            std::to_string(*next));
     }
 
     const bool stop = s.slot[s.slots.stop()] > 0;
@@ -755,6 +758,10 @@ TrainResult Trainer::run_steps() {
       s.result.preempted = true;
       break;
     }
+    // --micro-batch-search refine: perhaps a larger size to try at the next step.
+    if (s.step < s.total_steps && s.policy->after_success())
+      s.say("probing micro-batch " + std::to_string(s.policy->current()) + " at step " +
+            std::to_string(s.step));
   }
 
   if (!s.result.preempted) {

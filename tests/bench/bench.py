@@ -171,12 +171,16 @@ def bench_auto(runner, peaks, reps, results):
     limit = limit_between(peaks, 64)
     candidates = [32, 48, 64, 80, 96, 112, 128]
     steps = max(runner.steps, 40)
-    autos, finals, fixed = [], [], {}
+    autos, finals, fixed, refines, refine_finals = [], [], {}, [], []
     fits = {}
     for rep in range(reps):
         auto = runner.train("auto", limit=limit, steps=steps)
         autos.append(runner.steady(auto))
         finals.append(auto["final_micro_batch"])
+        refined = runner.train("auto", limit=limit, steps=steps,
+                               extra=["--micro-batch-search", "refine"])
+        refines.append(runner.steady(refined, skip=8))
+        refine_finals.append(refined["final_micro_batch"])
         for m in candidates:
             if fits.get(m) is False:
                 continue
@@ -184,7 +188,8 @@ def bench_auto(runner, peaks, reps, results):
             fits[m] = run_ is not None
             if run_ is not None:
                 fixed.setdefault(m, []).append(runner.steady(run_))
-        log(f"  rep {rep + 1}/{reps}: auto settled at {finals[-1]}: {autos[-1]:.0f}/s; fixed: "
+        log(f"  rep {rep + 1}/{reps}: auto settled at {finals[-1]}: {autos[-1]:.0f}/s; refine at "
+            f"{refine_finals[-1]}: {refines[-1]:.0f}/s; fixed: "
             + ", ".join(f"{m}: {v[-1]:.0f}" for m, v in fixed.items()))
     best = max(fixed, key=lambda m: statistics.median(fixed[m]))
     same = finals[-1]
@@ -199,8 +204,14 @@ def bench_auto(runner, peaks, reps, results):
                        "same_m": spread(fixed[same]) if same in fixed else None,
                        "ratio_same_m": (statistics.median(autos) / statistics.median(fixed[same])
                                         if same in fixed else None),
-                       "fixed": {str(m): spread(v) for m, v in fixed.items()}}
-    log(f"  best fixed (by median) {best}: auto/best {results['auto']['ratio']['median']:.3f}")
+                       "fixed": {str(m): spread(v) for m, v in fixed.items()},
+                       "refine": spread(refines), "refine_finals": refine_finals,
+                       "refine_ratio": {"median": statistics.median(refines) /
+                                        statistics.median(fixed[best]),
+                                        "min": min(refines) / max(fixed[best]),
+                                        "max": max(refines) / min(fixed[best])}}
+    log(f"  best fixed (by median) {best}: auto/best {results['auto']['ratio']['median']:.3f}, "
+        f"refine/best {results['auto']['refine_ratio']['median']:.3f}")
 
     log("== cost of the search against log2(per-rank batch / final micro-batch)")
     search = {}
@@ -348,11 +359,18 @@ def render(results):
               f"micro-batch 64 and 128); `--micro-batch auto` settles at {a['final']}. Fixed "
               "micro-batches tried under the same limit: " + ", ".join(
                   f"{m} ({'fits' if ok else 'OOM'})" for m, ok in a["fits"].items()) + ".", "",
-              "| auto samples/s | best fixed m | its samples/s | auto / best (range) | met |",
-              "|---|---|---|---|---|",
-              f"| {fmt(a['auto'], 0)} | {a['best_m']} | {fmt(a['best_fixed'], 0)} | "
+              "| search | settled at | samples/s | best fixed m | its samples/s | auto / best "
+              "(range) | met |",
+              "|---|---|---|---|---|---|---|",
+              f"| halve (default) | {a['final']} | {fmt(a['auto'], 0)} | {a['best_m']} | "
+              f"{fmt(a['best_fixed'], 0)} | "
               f"{a['ratio']['median']:.3f} ({a['ratio']['min']:.3f}-{a['ratio']['max']:.3f}) | "
-              f"{'yes' if a['ratio']['median'] >= 0.98 else '**no**'} |", "",
+              f"{'yes' if a['ratio']['median'] >= 0.98 else '**no**'} |",
+              f"| refine | {', '.join(map(str, a['refine_finals']))} | {fmt(a['refine'], 0)} | "
+              f"{a['best_m']} | {fmt(a['best_fixed'], 0)} | "
+              f"{a['refine_ratio']['median']:.3f} ({a['refine_ratio']['min']:.3f}-"
+              f"{a['refine_ratio']['max']:.3f}) | "
+              f"{'yes' if a['refine_ratio']['median'] >= 0.98 else '**no**'} |", "",
               "Every fixed size that fits, medians (min-max): " + "; ".join(
                   f"{m}: {fmt(v, 0)}" for m, v in a["fixed"].items()) + "." + (
                   f" Auto against fixed at its own size ({a['final']}): "

@@ -143,6 +143,41 @@ TEST_F(TrainerTest, PartialOomOnRankOneEndsEveryRankAtEightAndMatchesFixedEight)
   }
 }
 
+TEST_F(TrainerTest, RefineSettlesAtTheLargestSizeRankOneHoldsAndStaysExact) {
+  // Rank 1 holds 37 rows at most; halving alone would end at 25.
+  TrainOptions o = base(100 * world.size(), 10);
+  o.inject_oom = {memory::OomInjection{1, 37, std::nullopt}};
+  o.refine_micro_batch = true;
+  o.run_log = dir + "/refine.h5";
+  Trainer refined(o, world);
+  const TrainResult r = refined.run();
+  EXPECT_EQ(r.final_micro_batch, 37);
+  EXPECT_EQ(world.allreduce_max(r.final_micro_batch), world.allreduce_min(r.final_micro_batch));
+  EXPECT_TRUE(equal_on_every_rank(world, refined.model()));
+
+  // The steps ran at 25, 37 and failed probes in between: the same training as fixed 37 up to
+  // float rounding (accumulation order differs), since every attempt's gradient is exact.
+  TrainOptions fixed = base(100 * world.size(), 10);
+  fixed.micro_batch = 37;
+  Trainer reference(fixed, world);
+  reference.run();
+  auto a = refined.model().parameters();
+  auto b = reference.model().parameters();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_LT(relative_error(a[i], b[i]), 1e-4) << "parameter " << i;
+
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(o.run_log);
+    const auto& used = log.column("steps", "micro_batch")->values;
+    ASSERT_EQ(used.size(), 10u);
+    EXPECT_EQ(used.front(), 25);  // 100 and 50 did not fit
+    for (double m : used)
+      EXPECT_LE(m, 37);
+    for (double m : log.column("oom", "rank")->values)
+      EXPECT_EQ(m, 1.0);
+  }
+}
+
 TEST_F(TrainerTest, ExactlyOneGradientCollectivePerStep) {
   for (std::int64_t m : {std::int64_t{1}, std::int64_t{5}}) {
     comm::MpiCommunicator counted;

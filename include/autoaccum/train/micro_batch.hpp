@@ -7,24 +7,40 @@
 namespace autoaccum::train {
 
 // Automatic: starts at the per-rank batch (or a resumed size) and halves, max(m / 2, 1), after
-// each OOM that the ranks agreed on; it never grows again. Fixed: an OOM has no next size.
+// each OOM that the ranks agreed on. Fixed: an OOM has no next size.
+//
+// With `refine` (--micro-batch-search refine), once a size fits below one that did not, later
+// steps probe upwards by bisection between the largest size that fitted and the smallest that
+// did not, until the gap is under 1/16 of the fitting size: a limit that holds 80 rows then ends
+// at ~80 instead of the power-of-two fraction 64. A probe that runs out of memory retries its
+// step at the last size that fitted. Every rank runs the same policy on the same agreed events,
+// so the sizes stay equal everywhere.
 class MicroBatchPolicy {
  public:
   // `per_rank_rows`: the largest rank part of a batch, ceil(B / W). `fixed`: --micro-batch N.
   // `resumed`: the size a checkpoint recorded (automatic mode starts there).
   MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std::int64_t> fixed,
-                   std::optional<std::int64_t> resumed = std::nullopt);
+                   std::optional<std::int64_t> resumed = std::nullopt, bool refine = false);
 
   std::int64_t current() const noexcept { return current_; }
   bool automatic() const noexcept { return automatic_; }
   // After an OOM at current(): the next size, or nothing when it cannot shrink (fixed, or 1).
   std::optional<std::int64_t> after_oom();
+  // After a step that succeeded at current(): with `refine`, may set a larger size to probe at
+  // the next step; returns true when it did.
+  bool after_success();
+  bool probing() const noexcept { return probing_; }  // current() is an untried size
   // Micro-batches needed for `rows` rows: ceil(rows / current()).
   std::int64_t accumulation(std::int64_t rows) const noexcept;
 
  private:
   std::int64_t current_;
   bool automatic_;
+  bool refine_ = false;
+  bool probing_ = false;
+  std::int64_t per_rank_rows_ = 1;
+  std::int64_t fitted_ = 0;  // the largest size that completed a step (0: none yet)
+  std::int64_t failed_ = 0;  // the smallest size that ran out of memory (0: none yet)
 };
 
 }  // namespace autoaccum::train

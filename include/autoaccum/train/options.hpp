@@ -22,6 +22,7 @@ struct TrainOptions {
 
   std::int64_t global_batch = 256;
   std::optional<std::int64_t> micro_batch;  // nullopt: auto
+  bool refine_micro_batch = false;          // --micro-batch-search refine
   std::int64_t steps = 0;                   // 0: from epochs
   double epochs = 0;
   std::string shuffle = "batch";
