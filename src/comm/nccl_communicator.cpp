@@ -9,8 +9,12 @@
 #if AUTOACCUM_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <thread>
+#include <vector>
 #endif
 
 namespace autoaccum::comm {
@@ -74,16 +78,43 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
     cudaGetLastError();  // clear the sticky error
   } else if (devices == 0) {
     problem = "no CUDA device";
-  } else if (control_->local_size() > devices) {
-    problem = std::to_string(control_->local_size()) + " ranks on this node but only " +
-              std::to_string(devices) + " GPU(s); NCCL needs one GPU per rank";
+  }
+  // The node-local rank picks among the GPUs this rank sees. With one GPU per task (Slurm's
+  // --gpus-per-task, or CUDA_VISIBLE_DEVICES set per rank) every rank sees a "device 0" that is
+  // a different physical GPU; ranks that really share one are found by PCI bus id below.
+  char bus[64] = {};
+  if (problem.empty()) {
+    impl_->device = control_->local_rank() % devices;
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus - 1, impl_->device) != cudaSuccess) {
+      problem = "cannot read the PCI bus id of CUDA device " + std::to_string(impl_->device) +
+                ": " + cudaGetErrorString(cudaGetLastError());
+    }
   }
   if (auto failure = agree_on_failure(*control_, problem)) {
     throw BackendUnavailable("NCCL backend unavailable: rank " + std::to_string(failure->rank) +
                              ": " + failure->message);
   }
+  {
+    // Every rank gets every (host, bus id) and finds the same duplicates, so all throw together.
+    char mine[192] = {};
+    std::string host(256, '\0');
+    gethostname(host.data(), host.size() - 1);
+    std::snprintf(mine, sizeof mine, "%.120s %.60s", host.c_str(), bus);
+    std::vector<char> all(sizeof mine * static_cast<std::size_t>(control_->size()));
+    control_->allgather(mine, sizeof mine, all.data());
+    for (int a = 0; a < control_->size(); ++a) {
+      for (int b = a + 1; b < control_->size(); ++b) {
+        const char* first = all.data() + sizeof mine * static_cast<std::size_t>(a);
+        const char* second = all.data() + sizeof mine * static_cast<std::size_t>(b);
+        if (std::strncmp(first, second, sizeof mine) == 0) {
+          throw BackendUnavailable("NCCL backend unavailable: ranks " + std::to_string(a) +
+                                   " and " + std::to_string(b) + " share the GPU " +
+                                   std::string(first) + "; NCCL needs one GPU per rank");
+        }
+      }
+    }
+  }
 
-  impl_->device = control_->local_rank();
   std::string setup_problem;
   if (cudaSetDevice(impl_->device) != cudaSuccess ||
       cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking) != cudaSuccess) {

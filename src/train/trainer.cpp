@@ -179,7 +179,8 @@ void Trainer::State::setup() {
   memory::tune_malloc();
 
   // The device: "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the
-  // node-local rank; --memory-limit then caps the CUDA caching allocator.
+  // node-local rank among the visible ones (the NCCL communicator picks the same one);
+  // --memory-limit then caps the CUDA caching allocator.
   const int gpus = memory::cuda_device_count();
   const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
   comm::collectively(comm, [&] {
