@@ -276,7 +276,8 @@ def bench_data(runner, work, quick, results):
 
 def wait_fraction(steps):
     wait, total = steps["data_wait_seconds"][1:], steps["step_seconds"][1:]
-    return {"fraction": float(wait.sum() / total.sum()),
+    return {"fraction": float(wait.sum() / total.sum()), "waited_seconds": float(wait.sum()),
+            "step_seconds": float(total.sum()),
             "max_step_fraction": float((wait / total).max()), "steps": int(len(total))}
 
 
@@ -397,7 +398,7 @@ def render(results):
               "|---|---|---|---|---|"]
     for name, v in results["data"].items():
         note = " (page cache dropped first)" if v.get("cold_cache") else ""
-        lines.append(f"| {name}{note} | {v['steps']} | {100 * v['fraction']:.3f}% | "
+        lines.append(f"| {name}{note} | {v['steps']} | {100 * v['fraction']:.2g}% | "
                      f"{100 * v['max_step_fraction']:.1f}% | "
                      f"{'yes' if v['fraction'] < 0.02 else '**no**'} |")
     peaks = results["peak_bytes"]
@@ -442,7 +443,13 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the tables from build/bench/results.json without running")
     args = parser.parse_args()
+    if args.render_only:
+        with open(os.path.join(ROOT, "build", "bench", "results.json")) as f:
+            write_docs(render(json.load(f)))
+        return
     if args.quick:
         args.reps, args.steps = 1, 12
     if os.geteuid() == 0:
