@@ -409,6 +409,10 @@ class TrainBadInput(Run):
             (["--data", self.data], "--steps N or --epochs E"),
             (d + ["--run-log", "/nonexistent/folder/run.h5"], "--run-log: cannot write"),
             (d + ["--checkpoint", self.dir], "is a folder"),
+            (d + ["--micro-batch-search", "bisect"], "--micro-batch-search: 'bisect'"),
+            # No CUDA build here (or no GPU): every rank learns it, one line.
+            (d + ["--device", "cuda"], "--device cuda"),
+            (d + ["--device", "tpu"], "--device: 'tpu'"),
         ]
         for args, needle in cases:
             with self.subTest(args=args):
