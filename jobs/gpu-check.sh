@@ -67,7 +67,8 @@ torch_prefix="${AUTOACCUM_TORCH_DIR:-}"
 if [[ -z $torch_prefix ]]; then
   for py in ${PYTHON:-} python3 /usr/bin/python3 /opt/conda/bin/python; do
     command -v "$py" >/dev/null || continue
-    out=$("$py" -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.version.cuda)' 2>/dev/null) || continue
+    out=$("$py" -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.version.cuda)' 2>/dev/null) ||
+      { say "$py ($(command -v "$py")) has no torch"; continue; }
     prefix=$(sed -n 1p <<<"$out")
     cuda=$(sed -n 2p <<<"$out")
     if [[ $cuda != None && -n $cuda ]]; then

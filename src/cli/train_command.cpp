@@ -1,5 +1,8 @@
 // autoaccum train: options, validation with one-line errors, and the trainer.
 #include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/comm/factory.hpp"
@@ -13,17 +16,24 @@ namespace po = boost::program_options;
 namespace autoaccum::cli {
 namespace {
 
+// The whole of `text` as an integer >= 1, or nothing.
+std::optional<std::int64_t> positive_integer(const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value >= 1) return value;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 std::vector<std::int64_t> parse_widths(const std::string& text) {
   std::vector<std::int64_t> widths;
   for (const auto& item : split_list(text)) {
-    try {
-      std::size_t used = 0;
-      const long long w = std::stoll(item, &used);
-      if (used != item.size() || w < 1) throw std::invalid_argument(item);
-      widths.push_back(w);
-    } catch (const std::exception&) {
+    const auto width = positive_integer(item);
+    if (!width)
       throw UsageError("--hidden: '" + text + "' is not a comma-separated list of positive widths");
-    }
+    widths.push_back(*width);
   }
   return widths;
 }
@@ -44,14 +54,9 @@ train::TrainOptions to_options(const po::variables_map& vm) {
                      ")");
   const std::string micro = vm["micro-batch"].as<std::string>();
   if (micro != "auto") {
-    try {
-      std::size_t used = 0;
-      const long long m = std::stoll(micro, &used);
-      if (used != micro.size() || m < 1) throw std::invalid_argument(micro);
-      o.micro_batch = m;
-    } catch (const std::exception&) {
+    o.micro_batch = positive_integer(micro);
+    if (!o.micro_batch)
       throw UsageError("--micro-batch: '" + micro + "' is not 'auto' or a positive integer");
-    }
   }
   const std::string search = vm["micro-batch-search"].as<std::string>();
   if (search != "halve" && search != "refine")
