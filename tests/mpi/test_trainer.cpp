@@ -253,6 +253,34 @@ TEST_F(TrainerTest, ARealBudgetForcesASmallerMicroBatchAndIsRespected) {
     for (double peak : log.column("ranks", "peak_bytes")->values)
       EXPECT_LE(peak, static_cast<double>(limit));
   }
+
+  // The same budget with --micro-batch-search refine: real OOMs from the probes, at least the
+  // size halving found, the limit still respected, every rank at the same size.
+  o.refine_micro_batch = true;
+  o.steps = 10;
+  o.run_log = dir + "/budget-refine.h5";
+  TrainResult refined;
+  {
+    Trainer t(o, world);
+    refined = t.run();
+  }
+  memory::install_cpu_budget(0);
+  EXPECT_GE(refined.final_micro_batch, r.final_micro_batch);
+  EXPECT_LT(refined.final_micro_batch, 120);
+  EXPECT_EQ(world.allreduce_max(refined.final_micro_batch),
+            world.allreduce_min(refined.final_micro_batch));
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(o.run_log);
+    for (double peak : log.column("ranks", "peak_bytes")->values)
+      EXPECT_LE(peak, static_cast<double>(limit));
+    EXPECT_EQ(log.attribute("status"), "completed");
+    // It probed: either a probe fitted (a larger final size) or one ran out of memory after
+    // step 0.
+    bool probe_failed = false;
+    for (double step : log.column("oom", "step")->values)
+      probe_failed = probe_failed || step > 0;
+    EXPECT_TRUE(refined.final_micro_batch > r.final_micro_batch || probe_failed);
+  }
 }
 
 TEST_F(TrainerTest, LiveBytesDoNotGrowAcrossTenForcedRetries) {
