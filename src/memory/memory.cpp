@@ -177,18 +177,6 @@ bool cuda_built() noexcept {
   return AUTOACCUM_HAVE_CUDA != 0;
 }
 
-int cuda_device_count() noexcept {
-#if AUTOACCUM_HAVE_CUDA
-  try {
-    return static_cast<int>(c10::cuda::device_count());
-  } catch (...) {
-    return 0;
-  }
-#else
-  return 0;
-#endif
-}
-
 #if AUTOACCUM_HAVE_CUDA
 namespace {
 // Index 0 of the allocator's stat arrays is the aggregate over pool types in every LibTorch
@@ -216,20 +204,19 @@ void use_cuda_device(int device, std::int64_t limit_bytes) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(index(device));
 }
 
+// Allocated bytes (all pools) of the device in use.
+auto allocated(int device) {  // the Stat type moved namespaces in LibTorch 2.x
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device)).allocated_bytes[kAggregate];
+}
+
 std::int64_t live_bytes() noexcept {
   const int device = cuda_device_in_use.load();
-  if (device < 0) return cpu_live_bytes();
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device))
-      .allocated_bytes[kAggregate]
-      .current;
+  return device < 0 ? cpu_live_bytes() : allocated(device).current;
 }
 
 std::int64_t peak_bytes() noexcept {
   const int device = cuda_device_in_use.load();
-  if (device < 0) return cpu_peak_bytes();
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device))
-      .allocated_bytes[kAggregate]
-      .peak;
+  return device < 0 ? cpu_peak_bytes() : allocated(device).peak;
 }
 
 void reset_peak() noexcept {

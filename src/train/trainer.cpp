@@ -17,6 +17,7 @@
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/comm/factory.hpp"
+#include "autoaccum/comm/nccl_communicator.hpp"
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/data/batch_plan.hpp"
@@ -181,7 +182,7 @@ void Trainer::State::setup() {
   // The device: "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the
   // node-local rank among the visible ones (the NCCL communicator picks the same one);
   // --memory-limit then caps the CUDA caching allocator.
-  const int gpus = memory::cuda_device_count();
+  const int gpus = memory::cuda_built() ? comm::cuda_device_count() : 0;
   const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
   comm::collectively(comm, [&] {
     if (o.device != "cuda") return;

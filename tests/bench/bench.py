@@ -249,7 +249,7 @@ def bench_allreduce(reps, results):
                             "floats": outs[0]["floats"]}
 
 
-def bench_data(runner, work, quick, results):
+def bench_data(runner, quick, results):
     """Target 5: time waiting for data, from the run log, on Fashion-MNIST and a 2 GB file."""
     log("== data: waiting for the prefetcher, from the run log")
     out = {}
@@ -468,7 +468,7 @@ def main():
         peaks = bench_memory(runner, results)
         bench_auto(runner, peaks, max(1, min(args.reps, 3)), results)
         bench_allreduce(max(1, min(args.reps, 3)), results)
-        bench_data(runner, work, args.quick, results)
+        bench_data(runner, args.quick, results)
         bench_existing(args.reps, results)
     results["seconds"] = time.time() - start
     os.makedirs(os.path.join(ROOT, "build", "bench"), exist_ok=True)

@@ -13,18 +13,10 @@
 
 #include "autoaccum/comm/mpi_communicator.hpp"
 
-namespace {
+#include "bench_timing.hpp"
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+using autoaccum::bench::median;
+using autoaccum::bench::now;
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

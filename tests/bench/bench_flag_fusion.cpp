@@ -9,13 +9,10 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "bench_timing.hpp"
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+using autoaccum::bench::median;
+using autoaccum::bench::now;
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -42,10 +39,6 @@ int main(int argc, char** argv) {
                   MPI_COMM_WORLD);
     separate.push_back(now() - t);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   if (rank == 0) {
     const double a = median(fused), b = median(separate);
     std::printf("ranks %d, %ld gradient floats, %d repetitions\n", size, n, repetitions);

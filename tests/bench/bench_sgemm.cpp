@@ -13,17 +13,17 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "bench_timing.hpp"
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+namespace {
 
 struct Shape {
   std::int64_t m, k, n;
 };
 
 }  // namespace
+
+using autoaccum::bench::now;
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

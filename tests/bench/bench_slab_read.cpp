@@ -19,13 +19,10 @@
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/memory/memory.hpp"
 
-namespace {
+#include "bench_timing.hpp"
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+using autoaccum::bench::median;
+using autoaccum::bench::now;
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -96,10 +93,6 @@ int main(int argc, char** argv) {
     }
   }
   close(fd);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   double slab = median(slab_seconds), plain = median(plain_seconds);
   double worst[2] = {slab, plain};
   MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

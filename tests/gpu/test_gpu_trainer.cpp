@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
+#include "../mpi/shared_synth.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/comm/nccl_communicator.hpp"
 #include "autoaccum/data/importers.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
@@ -21,31 +24,24 @@ namespace {
 class GpuTrainerTest : public testing::Test {
  protected:
   comm::MpiCommunicator world;
+  std::optional<test_support::SharedSynthFile> shared;
   std::string dir;
   std::string data;
 
   void SetUp() override {
-    const bool gpus = world.allreduce_min(memory::cuda_device_count() > 0 ? 1 : 0) == 1;
+    const bool gpus = world.allreduce_min(comm::cuda_device_count() > 0 ? 1 : 0) == 1;
     if (!memory::cuda_built()) GTEST_SKIP() << "built without CUDA (no CUDA LibTorch found)";
     if (!gpus) GTEST_SKIP() << "no GPU visible on every rank";
-    if (world.rank() == 0) {
-      char name[] = "/tmp/autoaccum-gpu-XXXXXX";
-      dir = mkdtemp(name);
-      data::SynthOptions o;
-      o.out = dir + "/synth.h5";
-      o.rows = 8192;
-      o.features = 784;
-      o.classes = 10;
-      o.seed = 5;
-      data::write_synthetic(o);
-    }
-    world.broadcast(dir, 0);
-    data = dir + "/synth.h5";
+    data::SynthOptions o;
+    o.rows = 8192;
+    o.features = 784;
+    o.classes = 10;
+    o.seed = 5;
+    shared.emplace(world, o);
+    dir = shared->dir();
+    data = shared->path();
   }
-  void TearDown() override {
-    world.barrier();
-    if (world.rank() == 0 && !dir.empty()) (void)std::system(("rm -rf " + dir).c_str());
-  }
+  void TearDown() override { shared.reset(); }
 
   TrainOptions base(std::int64_t global_batch, std::int64_t steps) const {
     TrainOptions o;

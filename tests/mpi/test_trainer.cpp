@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/trainer.hpp"
+#include "shared_synth.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -25,28 +27,21 @@ class TrainerTest : public testing::Test {
  protected:
   comm::MpiCommunicator world;
   comm::MpiCommunicator self{MPI_COMM_SELF};
+  std::optional<test_support::SharedSynthFile> shared;
   std::string dir;
   std::string data;
 
   void SetUp() override {
-    if (world.rank() == 0) {
-      char name[] = "/tmp/autoaccum-mpi-XXXXXX";
-      dir = mkdtemp(name);
-      data::SynthOptions o;
-      o.out = dir + "/synth.h5";
-      o.rows = 600;
-      o.features = 12;
-      o.classes = 5;
-      o.seed = 3;
-      data::write_synthetic(o);
-    }
-    world.broadcast(dir, 0);
-    data = dir + "/synth.h5";
+    data::SynthOptions o;
+    o.rows = 600;
+    o.features = 12;
+    o.classes = 5;
+    o.seed = 3;
+    shared.emplace(world, o);
+    dir = shared->dir();
+    data = shared->path();
   }
-  void TearDown() override {
-    world.barrier();
-    if (world.rank() == 0) (void)std::system(("rm -rf " + dir).c_str());
-  }
+  void TearDown() override { shared.reset(); }
 
   TrainOptions base(std::int64_t global_batch, std::int64_t steps) const {
     TrainOptions o;

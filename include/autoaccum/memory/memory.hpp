@@ -45,8 +45,7 @@ class UncountedScope {
 // a small GPU, and live/peak bytes come from the allocator's statistics. Throws
 // BackendUnavailable when this build has no CUDA (AUTOACCUM_HAVE_CUDA).
 void use_cuda_device(int device, std::int64_t limit_bytes);
-bool cuda_built() noexcept;
-int cuda_device_count() noexcept;  // 0 without CUDA or without a visible GPU
+bool cuda_built() noexcept;  // a CUDA LibTorch (GPUs visible: comm::cuda_device_count())
 std::int64_t cuda_total_bytes(int device);
 // Device-aware: the CUDA device's counters after use_cuda_device(), else the CPU budget's.
 std::int64_t live_bytes() noexcept;
