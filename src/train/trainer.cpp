@@ -500,8 +500,8 @@ bool Trainer::State::attempt(const data::Batch& slab, std::int64_t m, double& lo
   if (local_loss.defined())
     gradients->slot(static_cast<std::int64_t>(slots.loss())).copy_(local_loss.reshape({1}));
 
+  memory::synchronize_device();  // NCCL runs on its own stream (timed apart: it waits for backward)
   const auto reduce_start = Clock::now();
-  memory::synchronize_device();  // NCCL runs on its own stream
   data_comm().allreduce_sum(gradients->buffer().data_ptr<float>(),
                             static_cast<std::size_t>(gradients->buffer().numel()));
   allreduce_seconds += seconds_since(reduce_start);
