@@ -1,7 +1,9 @@
 // RunLogWriter / read_run_log: extendible chunked datasets, appended at each flush.
 #include "autoaccum/io/run_log.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 #include <functional>
 #include <variant>
@@ -248,6 +250,13 @@ RunLogData read_run_log(const std::string& path) {
                         column.values.data());
       out.push_back(std::move(column));
     }
+    // A job killed during a flush can leave that flush's columns of unequal length: the rows
+    // every column has are the complete ones.
+    std::size_t complete = SIZE_MAX;
+    for (const auto& column : out)
+      complete = std::min(complete, column.values.size());
+    for (auto& column : out)
+      column.values.resize(std::min(column.values.size(), complete));
   }
   if (file.has_dataset("ranks/hostname")) data.hostnames = file.read_strings("ranks/hostname");
   return data;

@@ -727,7 +727,10 @@ TrainResult Trainer::run_steps() {
       row.retry_seconds = retry_seconds;
       s.run_log->add(row);
       ++s.steps_since_flush;
-      if (retries > 0 || s.steps_since_flush >= 10 || seconds_since(s.last_flush) > 5.0) {
+      // Every 10 steps but at most once a second (fast steps would otherwise spend much of
+      // their time flushing), at least every 5 s, and at once after a retry.
+      const double since_flush = seconds_since(s.last_flush);
+      if (retries > 0 || (s.steps_since_flush >= 10 && since_flush >= 1.0) || since_flush > 5.0) {
         s.write_log();
         s.steps_since_flush = 0;
         s.last_flush = Clock::now();
