@@ -65,6 +65,7 @@ std::vector<Command> all_commands() {
   std::vector<Command> commands;
   commands.push_back(train_command());
   commands.push_back(log_command());
+  commands.push_back(export_command());
   commands.push_back(import_command());
   commands.push_back(synth_command());
   commands.push_back(inspect_command());

@@ -14,6 +14,7 @@ Command synth_command();
 Command inspect_command();
 Command train_command();
 Command log_command();
+Command export_command();
 
 // "autoaccum ARGS..." as typed, for the run log (set by run_app).
 const std::string& command_line();

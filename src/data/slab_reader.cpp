@@ -269,6 +269,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
     }
   }
   schema_.num_classes = declared_classes ? *declared_classes : max_label + 1;
+  if (check_labels || !declared_classes) schema_.max_label = max_label;
 }
 
 Batch SlabReader::read(std::int64_t begin, std::int64_t end) const {

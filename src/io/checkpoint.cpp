@@ -96,6 +96,15 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
       state.write_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
                        c.optimizer.data());
     }
+    for (std::size_t r = 0; r < c.generator_states.size(); ++r) {
+      const std::string& state = c.generator_states[r];
+      auto dataset = file.create_dataset("rng/rank" + std::to_string(r), hdf5::DType::kUInt8,
+                                         {static_cast<std::int64_t>(state.size())});
+      if (!state.empty())
+        dataset.write_rows(0, static_cast<std::int64_t>(state.size()), hdf5::DType::kUInt8,
+                           state.data());
+    }
+    file.write_attribute("rng_ranks", static_cast<std::int64_t>(c.generator_states.size()));
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
     file.write_attribute("format", std::string(kFormat));
@@ -156,6 +165,16 @@ Checkpoint read_checkpoint(const std::string& path) {
   }
   for (const auto& name : names_under(file, "buffers")) {
     c.buffers.emplace_back(name, read_tensor(file, "buffers/" + name));
+  }
+  const std::int64_t rng_ranks =
+      file.has_attribute("rng_ranks") ? file.read_int_attribute("rng_ranks") : 0;
+  for (std::int64_t r = 0; r < rng_ranks; ++r) {
+    auto dataset = file.dataset("rng/rank" + std::to_string(r));
+    std::string bytes(static_cast<std::size_t>(dataset.shape().at(0)), '\0');
+    if (!bytes.empty())
+      dataset.read_rows(0, static_cast<std::int64_t>(bytes.size()), hdf5::DType::kUInt8,
+                        bytes.data());
+    c.generator_states.push_back(std::move(bytes));
   }
   auto state = file.dataset("optimizer/state");
   c.optimizer.resize(static_cast<std::size_t>(state.shape().at(0)));

@@ -36,6 +36,7 @@ class CpuBudget final : public c10::Allocator {
   c10::DataPtr allocate(size_t bytes) const override {
     void* block = nullptr;
     if (posix_memalign(&block, kAlignment, std::max<size_t>(bytes, 1)) != 0) {
+      refused_.fetch_add(1);
       throw_out_of_memory("cannot allocate " + format_bytes(static_cast<std::int64_t>(bytes)) +
                           " from the system");
     }
@@ -47,6 +48,7 @@ class CpuBudget final : public c10::Allocator {
     const std::int64_t limit = limit_.load(std::memory_order_relaxed);
     if (limit > 0 && live > limit) {
       live_.fetch_sub(size);
+      refused_.fetch_add(1);
       std::free(block);
       throw_out_of_memory("autoaccum memory limit: cannot allocate " +
                           format_bytes(static_cast<std::int64_t>(bytes)) + " with " +
@@ -76,6 +78,7 @@ class CpuBudget final : public c10::Allocator {
 
   mutable std::atomic<std::int64_t> live_{0};
   mutable std::atomic<std::int64_t> peak_{0};
+  mutable std::atomic<std::int64_t> refused_{0};  // allocations refused for the limit
   std::atomic<std::int64_t> limit_{0};
 };
 
@@ -228,6 +231,18 @@ void reset_peak() noexcept {
 void synchronize_device() {
   if (cuda_device_in_use.load() >= 0) c10::cuda::device_synchronize();
 }
+
+std::int64_t refused_allocations() noexcept {
+  const int device = cuda_device_in_use.load();
+  if (device < 0) return CpuBudget::instance().refused_.load();
+  // The caching allocator counts the allocations it could not serve even after freeing its
+  // cache: each is one c10::OutOfMemoryError, whatever wraps it later.
+  try {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device)).num_ooms;
+  } catch (...) {
+    return 0;
+  }
+}
 #else
 std::int64_t cuda_total_bytes(int) {
   throw BackendUnavailable("this build has no CUDA support (see docs/gpu.md)");
@@ -245,7 +260,21 @@ void reset_peak() noexcept {
   reset_cpu_peak();
 }
 void synchronize_device() {}
+std::int64_t refused_allocations() noexcept {
+  return CpuBudget::instance().refused_.load();
+}
 #endif
+
+OomWatch::OomWatch() noexcept : refused_at_start_(refused_allocations()) {}
+
+bool OomWatch::refused() const noexcept {
+  return refused_allocations() > refused_at_start_;
+}
+
+bool OomWatch::explains(const std::exception& e) const noexcept {
+  if (is_out_of_memory(e)) return true;
+  return dynamic_cast<const c10::Error*>(&e) != nullptr && refused();
+}
 
 void tune_malloc() noexcept {
   // 1 GiB: blocks below it come from the heap and stay there after free; trimming only above it.
@@ -258,8 +287,11 @@ bool is_out_of_memory(const std::exception& e) noexcept {
   if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
   if (dynamic_cast<const c10::Error*>(&e)) {
     const std::string text = e.what();
+    // cuBLAS and cuDNN allocate workspaces outside the caching allocator: their failures
+    // arrive as status codes in the message.
     for (const char* needle : {"CUDA out of memory", "CUDA error: out of memory",
-                               "DefaultCPUAllocator: can't allocate memory", "HIP out of memory"}) {
+                               "DefaultCPUAllocator: can't allocate memory", "HIP out of memory",
+                               "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"}) {
       if (text.find(needle) != std::string::npos) return true;
     }
   }

@@ -4,6 +4,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -95,8 +96,10 @@ class ScriptModel final : public Model {
   at::Tensor forward(const std::vector<at::Tensor>& inputs) override {
     std::vector<torch::jit::IValue> arguments(inputs.begin(), inputs.end());
     auto output = module_.forward(arguments);
-    if (!output.isTensor())
-      throw InputError("--model-file '" + path_ + "': forward must return a tensor");
+    if (!output.isTensor()) {
+      throw InputError("--model-file '" + path_ + "': forward returned a " + output.tagKind() +
+                       "; autoaccum needs one tensor (logits [rows, classes] or predictions)");
+    }
     return output.toTensor();
   }
   NamedTensors named_parameters() override {
@@ -114,6 +117,7 @@ class ScriptModel final : public Model {
   void set_training(bool training) override { module_.train(training); }
   void to(const c10::Device& device) override { module_.to(device); }
   std::string describe() override { return "TorchScript " + path_; }
+  void save(const std::string& path) override { module_.save(path); }
 
  private:
   std::string path_;
@@ -122,18 +126,87 @@ class ScriptModel final : public Model {
 
 }  // namespace
 
+ParameterSet distinct_parameters(const NamedTensors& named) {
+  ParameterSet set;
+  // Identity is the TensorImpl: `dec.weight = enc.weight` gives two names, one tensor.
+  std::vector<const c10::TensorImpl*> seen;
+  std::vector<const c10::TensorImpl*> counted_shared;
+  for (const auto& [name, tensor] : named) {
+    const auto* impl = tensor.unsafeGetTensorImpl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) {
+      if (std::find(counted_shared.begin(), counted_shared.end(), impl) == counted_shared.end()) {
+        counted_shared.push_back(impl);
+        set.shared_elements += tensor.numel();
+      }
+      continue;
+    }
+    seen.push_back(impl);
+    if (tensor.requires_grad()) {
+      set.trainable.push_back(tensor);
+      set.trainable_elements += tensor.numel();
+    } else {
+      set.frozen.push_back(tensor);
+      set.frozen_elements += tensor.numel();
+    }
+  }
+  return set;
+}
+
+std::string ParameterSet::describe() const {
+  std::ostringstream text;
+  text << trainable_elements << " trainable parameters (" << frozen_elements << " frozen, "
+       << shared_elements << " shared)";
+  return text.str();
+}
+
+std::string torch_error_summary(const std::exception& e) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = torch_error ? torch_error->what_without_backtrace() : e.what();
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\r'))
+      line.pop_back();
+    if (!line.empty()) lines.push_back(line);
+  }
+  std::string chosen = lines.empty() ? text : lines.front();
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    const auto colon = it->find("Error: ");
+    const bool named =
+        colon != std::string::npos && colon > 0 && it->find(' ') > colon && (*it)[0] != ' ';
+    if (named) {
+      chosen = it->substr(colon + 7);
+      break;
+    }
+  }
+  const auto raised = chosen.find("Exception raised from");
+  if (raised != std::string::npos) chosen = chosen.substr(0, raised);
+  if (chosen.size() > 400) chosen = chosen.substr(0, 397) + "...";
+  return chosen;
+}
+
+void Model::save(const std::string&) {
+  throw UsageError("only a TorchScript model (--model-file) can be exported");
+}
+
 std::vector<at::Tensor> Model::parameters() {
   std::vector<at::Tensor> out;
-  for (auto& [name, tensor] : named_parameters())
+  std::vector<const c10::TensorImpl*> seen;
+  for (auto& [name, tensor] : named_parameters()) {
+    if (std::find(seen.begin(), seen.end(), tensor.unsafeGetTensorImpl()) != seen.end()) continue;
+    seen.push_back(tensor.unsafeGetTensorImpl());
     out.push_back(tensor);
+  }
   return out;
 }
 
+ParameterSet Model::parameter_set() {
+  return distinct_parameters(named_parameters());
+}
+
 std::int64_t Model::parameter_count() {
-  std::int64_t n = 0;
-  for (const auto& p : parameters())
-    n += p.numel();
-  return n;
+  const ParameterSet set = parameter_set();
+  return set.trainable_elements + set.frozen_elements;
 }
 
 std::unique_ptr<Model> make_model(const ModelSpec& spec) {

@@ -27,6 +27,8 @@ struct DataSchema {
   std::int64_t rows = 0;          // over all shards
   // Classes for integer targets: the `num_classes` attribute, or max label + 1.
   std::optional<std::int64_t> num_classes;
+  // The largest label, when the labels were read (integer targets, checked at open).
+  std::optional<std::int64_t> max_label;
   const FieldSpec& target() const { return fields.back(); }
   // One line per field, e.g. "x uint8 [60000, 1, 28, 28] (input)".
   std::string describe() const;

@@ -20,6 +20,9 @@ struct Checkpoint {
   std::vector<std::pair<std::string, at::Tensor>> params;   // params/<name>
   std::vector<std::pair<std::string, at::Tensor>> buffers;  // buffers/<name>
   std::string optimizer;  // LibTorch's serialized optimizer state, at optimizer/state
+  // Each rank's random-number generator state (opaque bytes), at rng/rank<R>; empty in
+  // checkpoints written before autoaccum saved them.
+  std::vector<std::string> generator_states;
 };
 
 // Written under a temporary name and renamed onto `path`; the checkpoint that was at `path`

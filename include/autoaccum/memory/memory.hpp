@@ -61,8 +61,27 @@ void synchronize_device();
 void tune_malloc() noexcept;
 
 // Whether `e` says memory ran out: c10::OutOfMemoryError, std::bad_alloc, or a c10::Error whose
-// message is an out-of-memory message of older LibTorch or CUDA.
+// message is an out-of-memory message of older LibTorch, CUDA, cuBLAS or cuDNN.
 bool is_out_of_memory(const std::exception& e) noexcept;
+
+// How many allocations the device in use has refused so far in this process: the CPU budget's
+// refusals, or the CUDA caching allocator's out-of-memory count. It grows whether or not the
+// error that followed kept its type: the TorchScript interpreter, for one, rethrows an
+// allocator's c10::OutOfMemoryError as a plain c10::Error.
+std::int64_t refused_allocations() noexcept;
+
+// Watches one stretch of work (an attempt at a step): an exception is an out-of-memory when
+// is_out_of_memory() says so, or when it is a c10::Error and the device refused an allocation
+// since the watch began. Detection does not rest on message text alone.
+class OomWatch {
+ public:
+  OomWatch() noexcept;
+  bool explains(const std::exception& e) const noexcept;
+  bool refused() const noexcept;  // an allocation was refused since the watch began
+
+ private:
+  std::int64_t refused_at_start_;
+};
 
 // Throws c10::OutOfMemoryError with `message` (used by the injector and tests).
 [[noreturn]] void throw_out_of_memory(const std::string& message);

@@ -14,6 +14,18 @@ namespace autoaccum::train {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// A model's parameters as the optimizer must see them: one entry per distinct tensor (a tied
+// weight is listed once, under the first name that holds it), the frozen ones apart.
+struct ParameterSet {
+  std::vector<at::Tensor> trainable;  // requires_grad: in the optimizer and the gradient buffer
+  std::vector<at::Tensor> frozen;     // requires_grad false: neither
+  std::int64_t trainable_elements = 0;
+  std::int64_t frozen_elements = 0;
+  std::int64_t shared_elements = 0;  // elements of tensors that more than one name holds
+  std::string describe() const;      // "N trainable parameters (K frozen, S shared)"
+};
+ParameterSet distinct_parameters(const NamedTensors& named);
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -25,8 +37,13 @@ class Model {
   virtual void set_training(bool training) = 0;
   virtual void to(const c10::Device& device) = 0;  // parameters and buffers
   virtual std::string describe() = 0;
+  // A TorchScript model saves itself (with its current parameters and buffers) to `path`;
+  // the built-in models cannot (UsageError).
+  virtual void save(const std::string& path);
+  // Every distinct parameter tensor, trainable or not, in the order of named_parameters().
   std::vector<at::Tensor> parameters();
-  std::int64_t parameter_count();
+  ParameterSet parameter_set();
+  std::int64_t parameter_count();  // distinct elements, trainable or not
 };
 
 struct ModelSpec {
@@ -36,6 +53,11 @@ struct ModelSpec {
   std::vector<std::int64_t> input_shape;  // one row of the first input
   std::int64_t outputs = 10;
 };
+
+// One line for a user from an error LibTorch raised while running a model: the TorchScript
+// interpreter's message ends, after its traceback, in "RuntimeError: <what went wrong>"; that is
+// the line kept. Other errors give their first line.
+std::string torch_error_summary(const std::exception& e);
 
 // Builds the model on the CPU; parameters come from LibTorch's default generator, so seed it
 // first. UsageError for an unknown kind or an input shape the kind cannot take.

@@ -1,0 +1,93 @@
+// Observers: what hangs off the step loop without living in it (run log rows, progress lines).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autoaccum/io/run_log.hpp"
+
+namespace autoaccum::train {
+
+// An agreed out-of-memory: every rank builds the same event from the reduced flags.
+struct OomEvent {
+  std::int64_t step = 0;
+  std::vector<int> ranks;  // those that ran out
+  std::string ranks_text;  // "rank 1" / "ranks 0, 2"
+  std::int64_t micro_batch = 0;
+  std::optional<std::int64_t> next;  // nothing: the run cannot shrink further
+  bool probe = false;                // the size was a refine probe
+  std::int64_t world = 1;
+  std::string limit_text;  // "16.0 MiB per rank" | "no --memory-limit"
+};
+
+struct EvalEvent {
+  std::int64_t step = 0;
+  double loss = 0;
+  double accuracy = 0;  // NaN for regression
+  bool classification = true;
+  std::int64_t rows = 0;
+};
+
+// Called on every rank, in step order; an observer that only rank 0 needs is only made there.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void on_oom(const OomEvent&) {}
+  // `row` is a finished optimizer step (row.step is 0-based); `per_rank_peaks` the largest peak
+  // each rank has reported so far.
+  virtual void on_step(const io::StepRow& row, const std::vector<std::int64_t>& per_rank_peaks) {
+    (void)row;
+    (void)per_rank_peaks;
+  }
+  virtual void on_eval(const EvalEvent&) {}
+  virtual void on_message(const std::string&) {}  // notes for the user (probes, resume, skips)
+  // The run ends: "completed", "failed" (with `message`) or "preempted".
+  virtual void on_finish(const std::string& status, const std::string& message,
+                         std::int64_t final_micro_batch) {
+    (void)status;
+    (void)message;
+    (void)final_micro_batch;
+  }
+};
+
+// Appends rows to the HDF5 run log and flushes every 10 steps but at most once a second, at
+// least every 5 s, and at once after a retry. A failed flush does not stop training: it is
+// reported and the rows stay buffered for the next one.
+class RunLogObserver final : public StepObserver {
+ public:
+  explicit RunLogObserver(io::RunLogWriter writer) : writer_(std::move(writer)) {}
+  void on_oom(const OomEvent& event) override;
+  void on_step(const io::StepRow& row, const std::vector<std::int64_t>& per_rank_peaks) override;
+  void on_eval(const EvalEvent& event) override;
+  void on_finish(const std::string& status, const std::string& message,
+                 std::int64_t final_micro_batch) override;
+
+ private:
+  void write(const std::string& status, const std::string& message);
+  io::RunLogWriter writer_;
+  std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
+  std::int64_t steps_since_flush_ = 0;
+  std::int64_t final_micro_batch_ = 0;
+};
+
+// Progress lines on rank 0's standard output: the first step, every `every` steps and the
+// last; OOM decisions; evaluations; messages.
+class ProgressObserver final : public StepObserver {
+ public:
+  ProgressObserver(std::int64_t every, std::int64_t first_step, std::int64_t total_steps,
+                   std::int64_t global_batch);
+  void on_oom(const OomEvent& event) override;
+  void on_step(const io::StepRow& row, const std::vector<std::int64_t>& per_rank_peaks) override;
+  void on_eval(const EvalEvent& event) override;
+  void on_message(const std::string& line) override;
+
+ private:
+  std::int64_t every_, first_step_, total_steps_, global_batch_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace autoaccum::train

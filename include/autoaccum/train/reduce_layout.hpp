@@ -1,0 +1,37 @@
+// ReduceLayout: the one all-reduced buffer of a step, as named regions that components register.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace autoaccum::train {
+
+// Each attempt at a step ends in exactly one all-reduce (a sum) of one float32 buffer. What
+// travels in it is decided by the components that register a region here: the gradients, the
+// control values every rank contributes (out-of-memory flags, peaks, loss, stop), the changes of
+// the model's buffers (BatchNorm statistics). A later feature (loss normalisers, step times)
+// adds a region instead of another collective.
+class ReduceLayout {
+ public:
+  struct Region {
+    std::string name;
+    std::int64_t offset = 0;  // in floats from the start of the buffer
+    std::int64_t count = 0;
+  };
+  using Handle = std::size_t;
+
+  // Appends a region of `count` floats (0 is allowed); names are unique (std::logic_error).
+  Handle add(const std::string& name, std::int64_t count);
+  const Region& operator[](Handle handle) const { return regions_.at(handle); }
+  const Region* find(const std::string& name) const;
+  const std::vector<Region>& regions() const noexcept { return regions_; }
+  std::int64_t size() const noexcept { return size_; }  // floats in all
+  std::string describe() const;  // "gradients 1234 + control 6 (1240 floats)"
+
+ private:
+  std::vector<Region> regions_;
+  std::int64_t size_ = 0;
+};
+
+}  // namespace autoaccum::train

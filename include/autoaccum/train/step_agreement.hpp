@@ -1,0 +1,48 @@
+// Step agreement: from the reduced control values to the step's outcome, the same on every rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace autoaccum::train {
+
+// The control region of the step's all-reduce: what each rank contributes besides gradients.
+// Every slot is summed over the ranks, so a per-rank value has a slot per rank that only that
+// rank writes.
+struct ControlLayout {
+  int world = 1;
+  std::size_t oom(int rank) const { return static_cast<std::size_t>(rank); }  // 1: it ran out
+  std::size_t peak_kib(int rank) const {  // its peak memory in the attempt, KiB
+    return static_cast<std::size_t>(world + rank);
+  }
+  std::size_t loss() const { return static_cast<std::size_t>(2 * world); }      // the summed loss
+  std::size_t stop() const { return static_cast<std::size_t>(2 * world + 1); }  // signals
+  std::int64_t count() const { return 2 * world + 2; }
+};
+
+// What one rank reports at the end of an attempt (the loss travels apart, as a device value).
+struct RankReport {
+  bool out_of_memory = false;
+  std::int64_t peak_bytes = 0;
+  bool stop_requested = false;
+};
+// Writes `report` into this rank's slots of a zeroed host control array.
+void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
+
+struct StepOutcome {
+  std::vector<int> out_of_memory;        // ranks that ran out of memory, ascending
+  std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
+  bool stop = false;                     // some rank received a stop signal
+  double loss = 0;                       // the global batch's mean loss (valid on success)
+  bool succeeded() const noexcept { return out_of_memory.empty(); }
+  std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
+};
+// Pure: every rank calls it on the same reduced array and so takes the same decision.
+StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced);
+
+// Whether the optimizer may step: the reduced loss and a reduction of the reduced gradients
+// (their sum or norm: NaN or Inf when any element is) are finite.
+bool step_is_finite(double loss, double gradient_reduction) noexcept;
+
+}  // namespace autoaccum::train

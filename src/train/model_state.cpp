@@ -1,0 +1,146 @@
+// ModelState: buffer snapshots, mean buffer changes, generator states.
+#include "autoaccum/train/model_state.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/core/splitmix.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+bool averaged(const at::Tensor& t) {
+  const auto type = t.scalar_type();
+  return at::isFloatingType(type) || (at::isIntegralType(type, /*includeBool=*/false));
+}
+
+}  // namespace
+
+ModelState::ModelState(Model& model, c10::Device device) {
+  std::vector<const c10::TensorImpl*> seen;
+  for (auto& [name, tensor] : model.named_buffers()) {
+    if (std::find(seen.begin(), seen.end(), tensor.unsafeGetTensorImpl()) != seen.end()) continue;
+    seen.push_back(tensor.unsafeGetTensorImpl());
+    buffers_.push_back(tensor);
+    saved_.push_back(at::empty_like(tensor));
+    reduced_.push_back(averaged(tensor));
+    if (reduced_.back()) reduce_count_ += tensor.numel();
+  }
+  generator_devices_.push_back(c10::Device(c10::kCPU));
+  if (device.is_cuda()) generator_devices_.push_back(device);
+  for (const auto& d : generator_devices_) {
+    (void)d;
+    saved_generators_.emplace_back();
+  }
+}
+
+void ModelState::capture() {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    saved_[i].copy_(buffers_[i]);
+  for (std::size_t i = 0; i < generator_devices_.size(); ++i) {
+    auto generator = at::globalContext().defaultGenerator(generator_devices_[i]);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    saved_generators_[i] = generator.get_state();
+  }
+}
+
+void ModelState::restore() {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    buffers_[i].copy_(saved_[i]);
+  for (std::size_t i = 0; i < generator_devices_.size(); ++i) {
+    if (!saved_generators_[i].defined()) continue;
+    auto generator = at::globalContext().defaultGenerator(generator_devices_[i]);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved_generators_[i]);
+  }
+}
+
+void ModelState::write_changes(at::Tensor region) const {
+  at::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    if (!reduced_[i]) continue;
+    const std::int64_t n = buffers_[i].numel();
+    at::Tensor slot = region.narrow(0, offset, n);
+    if (buffers_[i].scalar_type() == at::kFloat) {
+      slot.copy_(buffers_[i].reshape({n}));  // in place: no temporary per step
+      slot.sub_(saved_[i].reshape({n}));
+    } else {
+      slot.copy_((buffers_[i] - saved_[i]).reshape({n}));  // exact for integers and doubles
+    }
+    offset += n;
+  }
+}
+
+void ModelState::apply_mean_change(const at::Tensor& reduced, int world) {
+  if (world <= 1) return;  // the rank's own change is the mean
+  at::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    if (!reduced_[i]) continue;
+    at::Tensor& buffer = buffers_[i];
+    const std::int64_t n = buffer.numel();
+    const at::Tensor change = reduced.narrow(0, offset, n).view(buffer.sizes());
+    offset += n;
+    buffer.copy_(saved_[i]);
+    if (at::isFloatingType(buffer.scalar_type())) {
+      buffer.add_(change.to(buffer.scalar_type()), 1.0 / world);
+    } else {
+      buffer.add_(change.div(world).round_().to(buffer.scalar_type()));
+    }
+  }
+}
+
+std::string ModelState::generator_state() const {
+  std::string bytes;
+  for (const auto& device : generator_devices_) {
+    auto generator = at::globalContext().defaultGenerator(device);
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      state = generator.get_state().contiguous().cpu();
+    }
+    const auto size = static_cast<std::uint64_t>(state.nbytes());
+    bytes.append(reinterpret_cast<const char*>(&size), sizeof size);
+    bytes.append(static_cast<const char*>(state.data_ptr()), static_cast<std::size_t>(size));
+  }
+  return bytes;
+}
+
+void ModelState::set_generator_state(const std::string& bytes) {
+  std::size_t at = 0;
+  for (const auto& device : generator_devices_) {
+    std::uint64_t size = 0;
+    if (at + sizeof size > bytes.size())
+      throw InputError("the checkpoint's random-number state is too short for this run");
+    std::memcpy(&size, bytes.data() + at, sizeof size);
+    at += sizeof size;
+    if (at + size > bytes.size())
+      throw InputError("the checkpoint's random-number state is truncated");
+    at::Tensor state = at::empty({static_cast<std::int64_t>(size)}, at::kByte);
+    std::memcpy(state.data_ptr(), bytes.data() + at, size);
+    at += size;
+    auto generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    try {
+      generator.set_state(state);
+    } catch (const c10::Error& e) {
+      throw InputError("the checkpoint's random-number state does not fit this device's generator");
+    }
+  }
+}
+
+void seed_generators_for_rank(std::uint64_t seed, int rank) {
+  std::uint64_t state = seed ^ (0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(rank + 1));
+  const std::uint64_t derived = splitmix64(state);
+  at::manual_seed(derived);  // the CPU's generator and every GPU's
+}
+
+}  // namespace autoaccum::train

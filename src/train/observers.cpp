@@ -1,0 +1,127 @@
+// Observers: the run log and the progress lines.
+#include "autoaccum/train/observers.hpp"
+
+#include <cstdio>
+#include <iostream>
+
+namespace autoaccum::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string duration_text(double seconds) {
+  const auto s = static_cast<long>(seconds + 0.5);
+  char text[32];
+  std::snprintf(text, sizeof text, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  return text;
+}
+
+std::string rate_text(double per_second) {
+  char text[32];
+  if (per_second >= 1000)
+    std::snprintf(text, sizeof text, "%.1fk", per_second / 1000);
+  else
+    std::snprintf(text, sizeof text, "%.0f", per_second);
+  return text;
+}
+
+}  // namespace
+
+void RunLogObserver::on_oom(const OomEvent& event) {
+  for (int r : event.ranks)
+    writer_.add(io::OomRow{event.step, r, event.micro_batch, event.next.value_or(0)});
+}
+
+void RunLogObserver::on_step(const io::StepRow& row,
+                             const std::vector<std::int64_t>& per_rank_peaks) {
+  writer_.add(row);
+  writer_.set_peak_bytes(per_rank_peaks);
+  final_micro_batch_ = row.micro_batch;
+  ++steps_since_flush_;
+  // Fast steps would otherwise spend much of their time flushing.
+  const double since_flush = seconds_since(last_flush_);
+  if (row.oom_retries > 0 || (steps_since_flush_ >= 10 && since_flush >= 1.0) ||
+      since_flush > 5.0) {
+    write("", "");
+    steps_since_flush_ = 0;
+    last_flush_ = Clock::now();
+  }
+}
+
+void RunLogObserver::on_eval(const EvalEvent& event) {
+  writer_.add(io::EvalRow{event.step, event.loss, event.accuracy});
+}
+
+void RunLogObserver::on_finish(const std::string& status, const std::string& message,
+                               std::int64_t final_micro_batch) {
+  final_micro_batch_ = final_micro_batch;
+  write(status, message);
+}
+
+void RunLogObserver::write(const std::string& status, const std::string& message) {
+  writer_.set_final_micro_batch(final_micro_batch_);
+  try {
+    if (status.empty())
+      writer_.flush();
+    else
+      writer_.finish(status, message);
+  } catch (const std::exception& e) {
+    std::cerr << "autoaccum: warning: run log not updated (" << e.what() << "); will retry"
+              << std::endl;
+  }
+}
+
+ProgressObserver::ProgressObserver(std::int64_t every, std::int64_t first_step,
+                                   std::int64_t total_steps, std::int64_t global_batch)
+    : every_(every),
+      first_step_(first_step),
+      total_steps_(total_steps),
+      global_batch_(global_batch) {}
+
+void ProgressObserver::on_oom(const OomEvent& event) {
+  if (!event.next) return;  // the run's error message says it
+  std::cout << event.ranks_text << " ran out of memory at micro-batch " << event.micro_batch
+            << (event.probe ? " (a probe)" : "") << " (limit " << event.limit_text << "); all "
+            << event.world << " ranks continue at " << *event.next << std::endl;
+}
+
+void ProgressObserver::on_step(const io::StepRow& row, const std::vector<std::int64_t>&) {
+  const std::int64_t done = row.step + 1;
+  if (every_ <= 0 || !(done % every_ == 0 || done == total_steps_ || done == first_step_ + 1))
+    return;
+  const double elapsed = seconds_since(start_);
+  const double rate = static_cast<double>((done - first_step_) * global_batch_) / elapsed;
+  const double eta =
+      elapsed / static_cast<double>(done - first_step_) * static_cast<double>(total_steps_ - done);
+  char line[200];
+  std::snprintf(
+      line, sizeof line, "step %lld/%lld  loss %.4f  lr %.4g  m %lld x %lld  %s samples/s  ETA %s",
+      static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss, row.lr,
+      static_cast<long long>(row.micro_batch), static_cast<long long>(row.accumulation),
+      rate_text(rate).c_str(), duration_text(eta).c_str());
+  std::cout << line << std::endl;
+}
+
+void ProgressObserver::on_eval(const EvalEvent& event) {
+  char line[160];
+  if (event.classification) {
+    std::snprintf(line, sizeof line, "eval  step %lld  loss %.4f  accuracy %.4f  (%lld rows)",
+                  static_cast<long long>(event.step), event.loss, event.accuracy,
+                  static_cast<long long>(event.rows));
+  } else {
+    std::snprintf(line, sizeof line, "eval  step %lld  mse %.6f  (%lld rows)",
+                  static_cast<long long>(event.step), event.loss,
+                  static_cast<long long>(event.rows));
+  }
+  std::cout << line << std::endl;
+}
+
+void ProgressObserver::on_message(const std::string& line) {
+  std::cout << line << std::endl;
+}
+
+}  // namespace autoaccum::train

@@ -1,0 +1,104 @@
+// OptimizerStep: LibTorch's SGD and AdamW with their state allocated up front.
+#include "autoaccum/train/optimizer_step.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/step_agreement.hpp"
+#include "torch_compat.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+// LibTorch creates a parameter's state at its first step; creating it here, with the values
+// that first step would start from, gives the same updates (SGD: a zero momentum buffer times
+// momentum plus the gradient is the gradient; AdamW: step 0 and zero moments).
+void allocate_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                    const TrainOptions& options) {
+  auto& state = optimizer.state();
+  using Map = std::remove_reference_t<decltype(state)>;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    const auto key = compat::optimizer_state_key<Map>(p);
+    if (options.optimizer == "sgd") {
+      if (options.momentum == 0) continue;  // plain SGD keeps no state
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      state[key] = std::move(s);
+    } else {
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(0);
+      s->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      s->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      state[key] = std::move(s);
+    }
+  }
+}
+
+}  // namespace
+
+OptimizerStep::OptimizerStep(const TrainOptions& options, const std::vector<at::Tensor>& trainable)
+    : options_(options) {
+  if (options.optimizer == "sgd") {
+    optimizer_ =
+        std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(options.lr)
+                                                           .momentum(options.momentum)
+                                                           .weight_decay(options.weight_decay));
+  } else if (options.optimizer == "adamw") {
+    optimizer_ = std::make_unique<torch::optim::AdamW>(
+        trainable, torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+  } else {
+    throw UsageError("--optimizer: '" + options.optimizer + "' is not one of sgd, adamw");
+  }
+  allocate_state(*optimizer_, trainable, options);
+}
+
+OptimizerStep::~OptimizerStep() = default;
+
+OptimizerStep::Result OptimizerStep::apply(const at::Tensor& gradients, double loss, double lr) {
+  // One read-only pass: the sum (or, when clipping, the norm the clipping needs anyway) is NaN
+  // or Inf when any element is.
+  const bool clipping = options_.clip_grad_norm > 0;
+  const double reduction = gradients.numel() == 0 ? 0.0
+                                                  : (clipping ? gradients.norm().item<double>()
+                                                              : gradients.sum().item<double>());
+  if (!step_is_finite(loss, reduction))
+    return options_.on_nonfinite == "skip" ? Result::kSkipped : Result::kStop;
+  if (clipping && reduction > options_.clip_grad_norm)
+    gradients.mul_(options_.clip_grad_norm / (reduction + 1e-6));
+  for (auto& group : optimizer_->param_groups())
+    group.options().set_lr(lr);
+  try {
+    optimizer_->step();
+  } catch (const std::exception& e) {
+    if (!memory::is_out_of_memory(e)) throw;
+    // The state was allocated at setup; only a temporary can fail here, and a smaller
+    // micro-batch would not shrink it.
+    throw Error("out of memory in the optimizer step (limit " +
+                    memory::format_bytes(options_.memory_limit) +
+                    "): the parameters and optimizer state leave no room for its temporaries",
+                ExitCode::kOutOfMemory);
+  }
+  return Result::kStepped;
+}
+
+std::string OptimizerStep::save() const {
+  std::ostringstream out;
+  torch::serialize::OutputArchive archive;
+  optimizer_->save(archive);
+  archive.save_to(out);
+  return out.str();
+}
+
+void OptimizerStep::load(const std::string& bytes, const c10::Device& device) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in, device);
+  optimizer_->load(archive);
+}
+
+}  // namespace autoaccum::train
