@@ -273,7 +273,10 @@ bool OomWatch::refused() const noexcept {
 
 bool OomWatch::explains(const std::exception& e) const noexcept {
   if (is_out_of_memory(e)) return true;
-  return dynamic_cast<const c10::Error*>(&e) != nullptr && refused();
+  // The TorchScript interpreter rethrows a failed operation as a plain std::runtime_error (its
+  // message holds the traceback), so the type cannot be asked; autoaccum's own errors are
+  // decisions, never an allocator's.
+  return dynamic_cast<const Error*>(&e) == nullptr && refused();
 }
 
 void tune_malloc() noexcept {

@@ -85,8 +85,9 @@ ProgressObserver::ProgressObserver(std::int64_t every, std::int64_t first_step,
 void ProgressObserver::on_oom(const OomEvent& event) {
   if (!event.next) return;  // the run's error message says it
   std::cout << event.ranks_text << " ran out of memory at micro-batch " << event.micro_batch
-            << (event.probe ? " (a probe)" : "") << " (limit " << event.limit_text << "); all "
-            << event.world << " ranks continue at " << *event.next << std::endl;
+            << event.where_text << (event.probe ? " (a probe)" : "") << " (limit "
+            << event.limit_text << "); all " << event.world << " ranks continue at " << *event.next
+            << std::endl;
 }
 
 void ProgressObserver::on_step(const io::StepRow& row, const std::vector<std::int64_t>&) {

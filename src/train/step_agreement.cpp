@@ -9,7 +9,23 @@ namespace autoaccum::train {
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control) {
   control[layout.oom(rank)] = report.out_of_memory ? 1.0f : 0.0f;
   control[layout.peak_kib(rank)] = static_cast<float>(report.peak_bytes / 1024);
+  control[layout.phase(rank)] = static_cast<float>(report.phase);
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
+}
+
+const char* phase_name(AttemptPhase phase) noexcept {
+  switch (phase) {
+    case AttemptPhase::kForward:
+      return "forward";
+    case AttemptPhase::kLoss:
+      return "the loss";
+    case AttemptPhase::kBackward:
+      return "backward";
+    case AttemptPhase::kBuffers:
+      return "the buffer update";
+    default:
+      return "an unknown place";
+  }
 }
 
 StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
@@ -17,6 +33,8 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
   for (int r = 0; r < layout.world; ++r) {
     if (reduced[layout.oom(r)] > 0.5f) outcome.out_of_memory.push_back(r);
     outcome.peak_bytes.push_back(static_cast<std::int64_t>(reduced[layout.peak_kib(r)]) * 1024);
+    outcome.phases.push_back(
+        static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
   }
   outcome.stop = reduced[layout.stop()] > 0.5f;
   outcome.loss = reduced[layout.loss()];
@@ -28,6 +46,24 @@ std::string StepOutcome::ranks_text() const {
   text << (out_of_memory.size() > 1 ? "ranks " : "rank ");
   for (std::size_t i = 0; i < out_of_memory.size(); ++i)
     text << (i ? ", " : "") << out_of_memory[i];
+  return text.str();
+}
+
+std::string StepOutcome::phases_text() const {
+  if (out_of_memory.empty()) return "";
+  const AttemptPhase first = phases.at(static_cast<std::size_t>(out_of_memory.front()));
+  bool same = true;
+  for (int r : out_of_memory)
+    same = same && phases.at(static_cast<std::size_t>(r)) == first;
+  if (same) return std::string(" in ") + phase_name(first);
+  std::ostringstream text;
+  text << " (";
+  for (std::size_t i = 0; i < out_of_memory.size(); ++i) {
+    const int r = out_of_memory[i];
+    text << (i ? ", " : "") << "rank " << r << " in "
+         << phase_name(phases.at(static_cast<std::size_t>(r)));
+  }
+  text << ")";
   return text.str();
 }
 

@@ -586,6 +586,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   memory::OomWatch watch;
   std::optional<AttemptGuard> guard;
   bool out_of_memory = false;
+  AttemptPhase phase = AttemptPhase::kBuffers;
   try {
     guard.emplace(*model_state);
     for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
@@ -593,6 +594,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i < input_count; ++i)
         inputs.push_back(context.on_device(micro[i]));
+      phase = AttemptPhase::kForward;
       at::Tensor output = model->forward(inputs);
       // Injected after the forward pass, so the activations exist when it throws, as in a real
       // OOM late in forward; they must be released like a real one's.
@@ -601,8 +603,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
                                     std::to_string(micro.rows()));
       }
+      phase = AttemptPhase::kLoss;
       at::Tensor micro_loss =
           objective->loss(output, context.on_device(micro[input_count]), global_rows);
+      phase = AttemptPhase::kBackward;
       micro_loss.backward();
       local_loss = local_loss.defined() ? local_loss + micro_loss.detach() : micro_loss.detach();
       if (!checked_views) {
@@ -610,14 +614,18 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         checked_views = true;
       }
     }
+    phase = AttemptPhase::kBuffers;
     model_state->write_changes(reduce->view(buffer_region));
+    phase = AttemptPhase::kNone;
   } catch (const std::exception& e) {
     // Only an OOM is agreed on here; anything else is this rank's own failure (spmd_main aborts).
     if (!watch.explains(e)) throw;
     out_of_memory = true;
     local_loss = at::Tensor();
   }
-  write_report(control, rank, RankReport{out_of_memory, memory::peak_bytes(), stop_requested()},
+  write_report(control, rank,
+               RankReport{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone,
+                          memory::peak_bytes(), stop_requested()},
                control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
@@ -650,6 +658,7 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome, std::int64_
   event.step = step;
   event.ranks = outcome.out_of_memory;
   event.ranks_text = outcome.ranks_text();
+  event.where_text = outcome.phases_text();
   event.micro_batch = m;
   event.probe = policy->probing();
   event.next = policy->after_oom();
@@ -662,9 +671,9 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome, std::int64_
     for (int r : event.ranks)
       worst_peak = std::max(worst_peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
     std::ostringstream message;
-    message << event.ranks_text << " ran out of memory at micro-batch " << m << " (limit "
-            << event.limit_text << ", peak " << memory::format_bytes(worst_peak) << ") at step "
-            << step << ": ";
+    message << event.ranks_text << " ran out of memory at micro-batch " << m << event.where_text
+            << " (limit " << event.limit_text << ", peak " << memory::format_bytes(worst_peak)
+            << ") at step " << step << ": ";
     if (policy->automatic()) {
       message << "the model does not fit even at micro-batch 1; raise --memory-limit, use more "
                  "ranks or a smaller model";

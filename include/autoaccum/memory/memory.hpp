@@ -67,12 +67,13 @@ bool is_out_of_memory(const std::exception& e) noexcept;
 // How many allocations the device in use has refused so far in this process: the CPU budget's
 // refusals, or the CUDA caching allocator's out-of-memory count. It grows whether or not the
 // error that followed kept its type: the TorchScript interpreter, for one, rethrows an
-// allocator's c10::OutOfMemoryError as a plain c10::Error.
+// allocator's c10::OutOfMemoryError as a plain std::runtime_error.
 std::int64_t refused_allocations() noexcept;
 
 // Watches one stretch of work (an attempt at a step): an exception is an out-of-memory when
-// is_out_of_memory() says so, or when it is a c10::Error and the device refused an allocation
-// since the watch began. Detection does not rest on message text alone.
+// is_out_of_memory() says so, or when the device refused an allocation since the watch began
+// and the exception is not one of autoaccum's own (autoaccum::Error). Detection does not rest
+// on message text or exception type alone.
 class OomWatch {
  public:
   OomWatch() noexcept;

@@ -17,6 +17,7 @@ struct OomEvent {
   std::int64_t step = 0;
   std::vector<int> ranks;  // those that ran out
   std::string ranks_text;  // "rank 1" / "ranks 0, 2"
+  std::string where_text;  // " in backward" / " (rank 0 in forward, rank 1 in backward)"
   std::int64_t micro_batch = 0;
   std::optional<std::int64_t> next;  // nothing: the run cannot shrink further
   bool probe = false;                // the size was a refine probe

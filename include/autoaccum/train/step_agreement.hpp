@@ -7,6 +7,10 @@
 
 namespace autoaccum::train {
 
+// Where in an attempt a rank was when memory ran out.
+enum class AttemptPhase : int { kNone = 0, kForward = 1, kLoss = 2, kBackward = 3, kBuffers = 4 };
+const char* phase_name(AttemptPhase phase) noexcept;  // "forward", "backward", ...
+
 // The control region of the step's all-reduce: what each rank contributes besides gradients.
 // Every slot is summed over the ranks, so a per-rank value has a slot per rank that only that
 // rank writes.
@@ -16,14 +20,18 @@ struct ControlLayout {
   std::size_t peak_kib(int rank) const {  // its peak memory in the attempt, KiB
     return static_cast<std::size_t>(world + rank);
   }
-  std::size_t loss() const { return static_cast<std::size_t>(2 * world); }      // the summed loss
-  std::size_t stop() const { return static_cast<std::size_t>(2 * world + 1); }  // signals
-  std::int64_t count() const { return 2 * world + 2; }
+  std::size_t phase(int rank) const {  // where it ran out (AttemptPhase)
+    return static_cast<std::size_t>(2 * world + rank);
+  }
+  std::size_t loss() const { return static_cast<std::size_t>(3 * world); }      // the summed loss
+  std::size_t stop() const { return static_cast<std::size_t>(3 * world + 1); }  // signals
+  std::int64_t count() const { return 3 * world + 2; }
 };
 
 // What one rank reports at the end of an attempt (the loss travels apart, as a device value).
 struct RankReport {
   bool out_of_memory = false;
+  AttemptPhase phase = AttemptPhase::kNone;
   std::int64_t peak_bytes = 0;
   bool stop_requested = false;
 };
@@ -33,10 +41,14 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
 struct StepOutcome {
   std::vector<int> out_of_memory;        // ranks that ran out of memory, ascending
   std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
+  std::vector<AttemptPhase> phases;      // per rank: where it ran out (kNone: it did not)
   bool stop = false;                     // some rank received a stop signal
   double loss = 0;                       // the global batch's mean loss (valid on success)
   bool succeeded() const noexcept { return out_of_memory.empty(); }
   std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
+  // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in
+  // forward, rank 1 in backward)".
+  std::string phases_text() const;
 };
 // Pure: every rank calls it on the same reduced array and so takes the same decision.
 StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced);
