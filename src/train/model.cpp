@@ -97,7 +97,7 @@ class ScriptModel final : public Model {
     std::vector<torch::jit::IValue> arguments(inputs.begin(), inputs.end());
     auto output = module_.forward(arguments);
     if (!output.isTensor()) {
-      throw InputError("--model-file '" + path_ + "': forward returned a " + output.tagKind() +
+      throw InputError("forward returned a " + output.tagKind() +
                        "; autoaccum needs one tensor (logits [rows, classes] or predictions)");
     }
     return output.toTensor();

@@ -381,9 +381,11 @@ void Trainer::State::trial() {
         inputs.push_back(context.on_device(rows[i]));
       const at::Tensor output = model->forward(inputs);
       const std::string problem = objective->check_output(output, rows.rows(), options.targets);
-      if (!problem.empty()) throw InputError(what.str() + problem);
+      if (!problem.empty()) throw InputError(problem);
       const at::Tensor target = context.on_device(rows[rows.size() - 1]);
       (void)objective->loss(output, target, rows.rows()).item<double>();
+    } catch (const InputError& e) {
+      throw InputError(what.str() + e.what());
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {

@@ -1,0 +1,174 @@
+"""Ordinary PyTorch models as users write them, scripted to files, and the PyTorch computations
+that autoaccum's results are compared with (shared by the user-model end-to-end tests)."""
+import os
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class ConvBnDropout(torch.nn.Module):
+    """conv + BatchNorm + dropout, the kind of model the issue's users bring."""
+
+    def __init__(self, channels=1, side=8, classes=4, width=8, dropout=0.25):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, width, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(width)
+        self.drop = torch.nn.Dropout(dropout)
+        self.fc = torch.nn.Linear(width * (side // 2) * (side // 2), classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(self.drop(x.flatten(1)))
+
+
+class LinearBn(torch.nn.Module):
+    def __init__(self, features=6, hidden=5, classes=3):
+        super().__init__()
+        self.a = torch.nn.Linear(features, hidden)
+        self.bn = torch.nn.BatchNorm1d(hidden)
+        self.out = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.a(x))))
+
+
+class Tied(torch.nn.Module):
+    def __init__(self, features=8, classes=3):
+        super().__init__()
+        self.enc = torch.nn.Linear(features, features)
+        self.dec = torch.nn.Linear(features, features)
+        self.dec.weight = self.enc.weight  # tied: one tensor, two names
+        self.head = torch.nn.Linear(features, classes)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.dec(torch.relu(self.enc(x)))))
+
+
+class PartlyFrozen(torch.nn.Module):
+    def __init__(self, features=8, classes=3):
+        super().__init__()
+        self.body = torch.nn.Linear(features, 6)
+        self.head = torch.nn.Linear(6, classes)
+        for p in self.body.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+class DropoutWitness(torch.nn.Module):
+    """Dropout whose first row's mask is kept in a buffer: averaged over the ranks, it shows
+    whether the ranks drew the same masks (values 0 or 2 only) or different ones (some 1)."""
+
+    def __init__(self, features=8, classes=3, width=64):
+        super().__init__()
+        self.a = torch.nn.Linear(features, width)
+        self.drop = torch.nn.Dropout(0.5)
+        self.out = torch.nn.Linear(width, classes)
+        self.register_buffer("mask", torch.zeros(width))
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if self.training:
+            self.mask.copy_(self.drop(torch.ones_like(h[0])))
+        return self.out(self.drop(h))
+
+
+def save_scripted(module, path, eval_mode=False, seed=0):
+    torch.manual_seed(seed)
+    m = module() if isinstance(module, type) else module
+    if eval_mode:
+        m.eval()
+    torch.jit.script(m).save(path)
+    return path
+
+
+def write_data(path, x, y, classes=None):
+    with h5py.File(path, "w") as f:
+        f["x"] = x
+        f["y"] = y
+        if classes is not None:
+            f.attrs["num_classes"] = classes
+    return path
+
+
+def classification_data(rows, shape, classes, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, *shape)).astype(np.float32)
+    y = rng.integers(0, classes, rows).astype(np.int64)
+    return x, y
+
+
+def rank_parts(rows, world):
+    """autoaccum's split of a batch: rank r takes [floor(r*B/W), floor((r+1)*B/W))."""
+    return [(r * rows // world, (r + 1) * rows // world) for r in range(world)]
+
+
+def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, lr,
+                    momentum=0.0, weight_decay=0.0, optimizer="sgd"):
+    """PyTorch's own computation of what autoaccum promises, with --shuffle none: each rank
+    walks its part of each batch in micro-batches (BatchNorm in train mode sees one
+    micro-batch at a time and updates its statistics each time), the gradient is the sum over
+    ranks and micro-batches of (summed loss / B), and floating buffers end each step as the
+    mean over the ranks of what each rank's micro-batches made of them."""
+    model = torch.jit.load(model_path)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    buffers = dict(model.named_buffers())
+    for step in range(steps):
+        start = step * global_batch
+        opt.zero_grad()
+        before = {n: b.clone() for n, b in buffers.items()}
+        after = {n: [] for n in buffers}
+        for lo, hi in rank_parts(global_batch, world):
+            for n, b in buffers.items():
+                b.copy_(before[n])
+            for m0 in range(lo, hi, micro_batch):
+                m1 = min(hi, m0 + micro_batch)
+                xb = torch.from_numpy(x[start + m0:start + m1])
+                yb = torch.from_numpy(y[start + m0:start + m1])
+                loss = F.cross_entropy(model(xb), yb, reduction="sum") / global_batch
+                loss.backward()
+            for n, b in buffers.items():
+                after[n].append(b.clone())
+        with torch.no_grad():
+            for n, b in buffers.items():
+                if b.dtype.is_floating_point:
+                    b.copy_(before[n] + sum(a - before[n] for a in after[n]) / world)
+                else:
+                    b.copy_(before[n] + torch.round(
+                        sum((a - before[n]).double() for a in after[n]) / world).to(b.dtype))
+        opt.step()
+    return model
+
+
+def checkpoint_tensors(path):
+    with h5py.File(path, "r") as f:
+        params = {n: f[f"params/{n}"][()] for n in f.attrs["params_names"]}
+        buffers = {n: f[f"buffers/{n}"][()] for n in f.attrs["buffers_names"]}
+    return params, buffers
+
+
+def assert_close_to_model(test, checkpoint, model, rtol=1e-5, atol=1e-6):
+    params, buffers = checkpoint_tensors(checkpoint)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(params[name].reshape(p.shape), p.detach().numpy(), rtol=rtol,
+                                   atol=atol, err_msg=name)
+    for name, b in model.named_buffers():
+        np.testing.assert_allclose(buffers[name].reshape(b.shape), b.numpy(), rtol=rtol,
+                                   atol=atol, err_msg=name)
+
+
+def error_lines(result):
+    """The lines autoaccum printed as errors (mpirun's own help text aside)."""
+    return [line for line in result.stderr.splitlines() if line.startswith("autoaccum")]
+
+
+def exists(path):
+    return os.path.exists(path)
