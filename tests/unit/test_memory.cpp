@@ -102,6 +102,49 @@ TEST(Detection, RecognisesOutOfMemoryMessages) {
   EXPECT_FALSE(is_out_of_memory(std::runtime_error("out of memory in a message of another kind")));
 }
 
+TEST(Detection, ARefusalExplainsAnErrorThatLostItsType) {
+  install_cpu_budget(0);
+  install_cpu_budget(cpu_live_bytes() + (1 << 20));
+  const std::runtime_error rethrown("The following operation failed in the TorchScript "
+                                    "interpreter.\nRuntimeError: something");
+  {
+    OomWatch watch;
+    EXPECT_FALSE(watch.refused());
+    EXPECT_FALSE(watch.explains(rethrown)) << "no refusal yet: a plain error is not an OOM";
+    EXPECT_FALSE(watch.explains(c10::Error("shape mismatch", "")));
+  }
+  OomWatch watch;
+  const std::int64_t before = refused_allocations();
+  try {
+    // The TorchScript interpreter catches the allocator's OutOfMemoryError and rethrows it as a
+    // std::runtime_error with the traceback in its message; so does this.
+    try {
+      auto big = torch::empty({4 << 20});
+    } catch (const std::exception& inner) {
+      throw std::runtime_error(std::string("interpreter: ") + inner.what());
+    }
+    ADD_FAILURE() << "allocation past the limit succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_FALSE(is_out_of_memory(e)) << "the type is gone";
+    EXPECT_TRUE(watch.explains(e)) << "the refusal is remembered";
+  }
+  EXPECT_EQ(refused_allocations(), before + 1);
+  EXPECT_TRUE(watch.refused());
+  EXPECT_FALSE(watch.explains(UsageError("autoaccum's own decision")));
+  install_cpu_budget(0);
+}
+
+TEST(Detection, CublasAndCudnnAllocationFailuresCount) {
+  for (const char* message : {"CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)",
+                              "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"}) {
+    try {
+      TORCH_CHECK(false, message);
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(is_out_of_memory(e)) << message;
+    }
+  }
+}
+
 TEST(Injection, ParsesAndFires) {
   auto i = parse_oom_injection("rank=1,above=8");
   ASSERT_TRUE(i.has_value());

@@ -1,0 +1,195 @@
+// The trainer's pure pieces: the reduce layout, the step agreement, parameter identity, the
+// buffer averaging and undo of ModelState, and the one-line summary of a TorchScript error.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "autoaccum/train/model.hpp"
+#include "autoaccum/train/model_state.hpp"
+#include "autoaccum/train/reduce_layout.hpp"
+#include "autoaccum/train/step_agreement.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+TEST(ReduceLayout, RegionsFollowEachOtherAndNamesAreUnique) {
+  ReduceLayout layout;
+  const auto g = layout.add("gradients", 10);
+  const auto b = layout.add("buffers", 0);
+  const auto c = layout.add("control", 5);
+  EXPECT_EQ(layout[g].offset, 0);
+  EXPECT_EQ(layout[b].offset, 10);
+  EXPECT_EQ(layout[c].offset, 10);
+  EXPECT_EQ(layout.size(), 15);
+  ASSERT_NE(layout.find("control"), nullptr);
+  EXPECT_EQ(layout.find("control")->count, 5);
+  EXPECT_EQ(layout.find("missing"), nullptr);
+  EXPECT_THROW(layout.add("control", 1), std::logic_error);
+  EXPECT_THROW(layout.add("negative", -1), std::logic_error);
+  EXPECT_EQ(layout.describe(), "gradients 10 + buffers 0 + control 5 (15 floats)");
+}
+
+// Sums per-rank control arrays as the all-reduce would.
+std::vector<float> reduce(const ControlLayout& layout, const std::vector<RankReport>& reports,
+                          const std::vector<float>& losses) {
+  std::vector<float> sum(static_cast<std::size_t>(layout.count()), 0.0f);
+  for (int r = 0; r < layout.world; ++r) {
+    std::vector<float> mine(sum.size(), 0.0f);
+    write_report(layout, r, reports[static_cast<std::size_t>(r)], mine.data());
+    mine[layout.loss()] = losses[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < sum.size(); ++i)
+      sum[i] += mine[i];
+  }
+  return sum;
+}
+
+TEST(StepAgreement, NamesTheRanksThatRanOutAndWhere) {
+  const ControlLayout layout{4};
+  std::vector<RankReport> reports(4);
+  reports[1] = RankReport{true, AttemptPhase::kBackward, 3 << 20, false};
+  reports[3] = RankReport{true, AttemptPhase::kForward, 5 << 20, true};
+  const auto reduced = reduce(layout, reports, {0.25f, 0.0f, 0.5f, 0.0f});
+  const StepOutcome outcome = agree_on_step(layout, reduced.data());
+  EXPECT_FALSE(outcome.succeeded());
+  EXPECT_EQ(outcome.out_of_memory, (std::vector<int>{1, 3}));
+  EXPECT_EQ(outcome.ranks_text(), "ranks 1, 3");
+  EXPECT_EQ(outcome.phases_text(), " (rank 1 in backward, rank 3 in forward)");
+  EXPECT_EQ(outcome.peak_bytes[3], 5 << 20);
+  EXPECT_TRUE(outcome.stop);
+  EXPECT_FLOAT_EQ(static_cast<float>(outcome.loss), 0.75f);
+}
+
+TEST(StepAgreement, SuccessWhenNoRankRanOut) {
+  const ControlLayout layout{3};
+  std::vector<RankReport> reports(3);
+  reports[2].peak_bytes = 7 << 10;
+  const auto reduced = reduce(layout, reports, {1.0f, 2.0f, 3.0f});
+  const StepOutcome outcome = agree_on_step(layout, reduced.data());
+  EXPECT_TRUE(outcome.succeeded());
+  EXPECT_FALSE(outcome.stop);
+  EXPECT_DOUBLE_EQ(outcome.loss, 6.0);
+  EXPECT_EQ(outcome.peak_bytes, (std::vector<std::int64_t>{0, 0, 7 << 10}));
+  EXPECT_EQ(outcome.phases_text(), "");
+
+  std::vector<RankReport> one(3);
+  one[0] = RankReport{true, AttemptPhase::kBackward, 0, false};
+  const auto failed = reduce(layout, one, {0, 0, 0});
+  EXPECT_EQ(agree_on_step(layout, failed.data()).phases_text(), " in backward");
+  EXPECT_EQ(agree_on_step(layout, failed.data()).ranks_text(), "rank 0");
+}
+
+TEST(StepAgreement, NonFiniteIsSeenInLossOrGradient) {
+  EXPECT_TRUE(step_is_finite(1.0, -3.0));
+  EXPECT_FALSE(step_is_finite(std::nan(""), 0.0));
+  EXPECT_FALSE(step_is_finite(0.0, INFINITY));
+}
+
+TEST(Parameters, TiedAreOneAndFrozenApart) {
+  at::Tensor shared = torch::ones({2, 3}, torch::requires_grad());
+  at::Tensor frozen = torch::ones({4});
+  at::Tensor bias = torch::zeros({3}, torch::requires_grad());
+  const NamedTensors named = {
+      {"enc.weight", shared}, {"body.w", frozen}, {"dec.weight", shared}, {"dec.bias", bias}};
+  const ParameterSet set = distinct_parameters(named);
+  ASSERT_EQ(set.trainable.size(), 2u);
+  EXPECT_TRUE(set.trainable[0].is_same(shared));
+  EXPECT_TRUE(set.trainable[1].is_same(bias));
+  ASSERT_EQ(set.frozen.size(), 1u);
+  EXPECT_EQ(set.trainable_elements, 9);
+  EXPECT_EQ(set.frozen_elements, 4);
+  EXPECT_EQ(set.shared_elements, 6);
+  EXPECT_EQ(set.describe(), "9 trainable parameters (4 frozen, 6 shared)");
+}
+
+// A model with a floating and an integer buffer, as BatchNorm has.
+class BufferModel final : public Model {
+ public:
+  at::Tensor mean = torch::zeros({3});
+  at::Tensor count = torch::zeros({}, torch::kLong);
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) override { return inputs.at(0); }
+  NamedTensors named_parameters() override { return {}; }
+  NamedTensors named_buffers() override { return {{"mean", mean}, {"count", count}}; }
+  void set_training(bool) override {}
+  void to(const c10::Device&) override {}
+  std::string describe() override { return "buffers"; }
+};
+
+TEST(ModelState, AFailedAttemptLeavesBuffersAndRandomNumbersAsTheyWere) {
+  BufferModel model;
+  ModelState state(model, c10::Device(c10::kCPU));
+  EXPECT_EQ(state.reduce_count(), 4);
+  torch::manual_seed(5);
+  const at::Tensor expected_draw = torch::rand({4});
+  torch::manual_seed(5);
+  {
+    AttemptGuard guard(state);
+    model.mean.add_(1.0);
+    model.count.add_(1);
+    (void)torch::rand({4});  // a failed attempt's dropout
+  }
+  EXPECT_TRUE(torch::equal(model.mean, torch::zeros({3})));
+  EXPECT_EQ(model.count.item<std::int64_t>(), 0);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected_draw)) << "the retry draws the same numbers";
+  {
+    AttemptGuard guard(state);
+    model.mean.add_(2.0);
+    guard.commit();
+  }
+  EXPECT_TRUE(torch::equal(model.mean, torch::full({3}, 2.0)));
+}
+
+TEST(ModelState, MeanChangeOverRanksIsExactForUnchangedAndIntegerBuffers) {
+  BufferModel model;
+  model.mean.copy_(torch::tensor({0.1f, 0.2f, 0.3f}));
+  model.count.fill_(7);
+  ModelState state(model, c10::Device(c10::kCPU));
+  state.capture();
+  // This rank moved mean[0] by 0.4 and counted 2 micro-batches; the other two ranks' changes
+  // (0.2 and 0.0 for mean[0]; 2 and 3 micro-batches) arrive through the sum.
+  model.mean[0] += 0.4f;
+  model.count.add_(2);
+  at::Tensor region = torch::zeros({4});
+  state.write_changes(region);
+  EXPECT_NEAR(region[0].item<float>(), 0.4f, 1e-6);
+  EXPECT_EQ(region[1].item<float>(), 0.0f);
+  EXPECT_EQ(region[3].item<float>(), 2.0f);
+  region[0] += 0.2f;
+  region[3] += 5.0f;  // 2 + 3
+  state.apply_mean_change(region, 3);
+  EXPECT_NEAR(model.mean[0].item<float>(), 0.1f + 0.6f / 3, 1e-6);
+  EXPECT_EQ(model.mean[1].item<float>(), 0.2f) << "unchanged buffers stay bit for bit";
+  EXPECT_EQ(model.mean[2].item<float>(), 0.3f);
+  EXPECT_EQ(model.count.item<std::int64_t>(), 7 + 2) << "7 + round(7 / 3)";
+}
+
+TEST(ModelState, GeneratorStateRoundTrips) {
+  BufferModel model;
+  ModelState state(model, c10::Device(c10::kCPU));
+  seed_generators_for_rank(3, 1);
+  const std::string saved = state.generator_state();
+  const at::Tensor first = torch::rand({5});
+  state.set_generator_state(saved);
+  EXPECT_TRUE(torch::equal(torch::rand({5}), first));
+  seed_generators_for_rank(3, 0);
+  EXPECT_FALSE(torch::equal(torch::rand({5}), first)) << "ranks draw different streams";
+  EXPECT_THROW(state.set_generator_state("short"), std::exception);
+}
+
+TEST(TorchErrorSummary, KeepsTheInterpretersLastLine) {
+  const std::runtime_error scripted(
+      "The following operation failed in the TorchScript interpreter.\n"
+      "Traceback of TorchScript (most recent call last):\n"
+      "  File \"code/__torch__.py\", line 8, in forward\n"
+      "    return (fc).forward(x, )\n"
+      "            ~~~~~~~~~~~ <--- HERE\n"
+      "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x8 and 100x3)\n");
+  EXPECT_EQ(torch_error_summary(scripted), "mat1 and mat2 shapes cannot be multiplied (2x8 and 100x3)");
+  const std::runtime_error plain("forward() expected at most 2 argument(s) but received 3\nmore");
+  EXPECT_EQ(torch_error_summary(plain), "forward() expected at most 2 argument(s) but received 3");
+}
+
+}  // namespace
+}  // namespace autoaccum::train
