@@ -356,5 +356,53 @@ TEST_F(TrainerTest, RandomOomScenariosCompleteEqualOnAllRanksAndMatchFixedFinalM
   }
 }
 
+bool buffers_equal_on_every_rank(comm::Communicator& comm, Model& model) {
+  bool same = true;
+  for (auto& [name, buffer] : model.named_buffers()) {
+    at::Tensor root = buffer.clone();
+    comm.broadcast(root.data_ptr(), static_cast<std::size_t>(root.nbytes()), 0);
+    same = same && torch::equal(root, buffer);
+  }
+  return comm.allreduce_min(same ? 1 : 0) == 1;
+}
+
+// A scripted BatchNorm + dropout model saved in eval mode: after OOM retries on one rank, every
+// rank holds the same running statistics, and the run equals a fixed one at the final size bit
+// for bit (failed attempts left neither buffers nor random numbers behind).
+TEST_F(TrainerTest, ScriptedBatchNormBuffersAgreeOnEveryRankAfterRetries) {
+  TrainOptions o = base(48, 4);
+  o.model_file = AUTOACCUM_BN_MODEL;
+  o.shuffle = "none";
+  o.inject_oom = {memory::OomInjection{world.size() - 1, 3, std::nullopt}};
+  Trainer injected(o, world);
+  const TrainResult r = injected.run();
+  EXPECT_GT(r.oom_events, 0);
+  EXPECT_LE(r.final_micro_batch, 3);
+  EXPECT_TRUE(buffers_equal_on_every_rank(world, injected.model()));
+  EXPECT_TRUE(equal_on_every_rank(world, injected.model()));
+  for (auto& [name, buffer] : injected.model().named_buffers()) {
+    if (name == "bn.num_batches_tracked") {
+      // Every step adds the mean over the ranks of their micro-batch counts.
+      EXPECT_GE(buffer.item<std::int64_t>(), 4) << name;
+    } else if (name == "bn.running_mean") {
+      EXPECT_GT(buffer.abs().max().item<float>(), 0.0f) << "trained in train mode";
+    }
+  }
+
+  TrainOptions fixed = o;
+  fixed.inject_oom.clear();
+  fixed.micro_batch = r.final_micro_batch;
+  Trainer reference(fixed, world);
+  reference.run();
+  auto a = injected.model().named_buffers();
+  auto b = reference.model().named_buffers();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  auto pa = injected.model().parameters();
+  auto pb = reference.model().parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
 }  // namespace
 }  // namespace autoaccum::train
