@@ -5,8 +5,13 @@ import shutil
 import tempfile
 import unittest
 
-import h5py
+import re
 
+import h5py
+import numpy as np
+import torch
+
+import user_models as um
 from harness import autoaccum
 
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -32,6 +37,48 @@ class FashionMnist(unittest.TestCase):
                 self.assertGreater(len(f["oom/step"]), 0, "the limit must have forced a search")
                 accuracy = float(f["eval/accuracy"][-1])
             self.assertGreaterEqual(accuracy, 0.88)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def test_scripted_conv_batchnorm_dropout_under_a_limit_reaches_089(self):
+        """The users' path: a scripted conv + BatchNorm + dropout model whose memory limit
+        forces two halvings inside the scripted model, one of them in its backward; the
+        exported model, evaluated by PyTorch itself, agrees with autoaccum's evaluation."""
+        work = tempfile.mkdtemp(prefix="autoaccum-fashion-script-")
+        try:
+            r = autoaccum(2, "import", "fashion-mnist", "--out", work, timeout=120)
+            self.assertEqual(r.returncode, 0, r)
+            model = um.save_scripted(um.FashionNet, os.path.join(work, "net.pt"))
+            log, checkpoint = os.path.join(work, "run.h5"), os.path.join(work, "ck.h5")
+            test = f"{work}/fashion-mnist-test.h5"
+            r = autoaccum(2, "train", "--data", f"{work}/fashion-mnist-train.h5", "--val-data",
+                          test, "--model-file", model, "--global-batch", 256, "--epochs", 4,
+                          "--lr", 0.05, "--schedule", "cosine", "--warmup-steps", 50,
+                          "--memory-limit", "16MiB", "--threads", 1, "--run-log", log,
+                          "--checkpoint", checkpoint, "--log-every", 200, timeout=280)
+            self.assertEqual(r.returncode, 0, r)
+            print(r.stdout[-700:])
+            halvings = re.findall(r"ran out of memory at micro-batch (\d+) in (\w+)", r.stdout)
+            self.assertGreaterEqual(len({m for m, _ in halvings}), 2, r.stdout)
+            self.assertIn("backward", [where for _, where in halvings], r.stdout)
+            with h5py.File(log, "r") as f:
+                accuracy = float(f["eval/accuracy"][-1])
+                self.assertGreaterEqual(int(f["steps/accumulation"][-1]), 4)
+            self.assertGreaterEqual(accuracy, 0.89)
+
+            trained = os.path.join(work, "trained.pt")
+            r = autoaccum(1, "export", "--checkpoint", checkpoint, "--model-file", model, "--out",
+                          trained)
+            self.assertEqual(r.returncode, 0, r)
+            net = torch.jit.load(trained)
+            with h5py.File(test, "r") as f:
+                x = torch.from_numpy(f["x"][:].astype(np.float32) / 255.0)
+                y = torch.from_numpy(f["y"][:])
+            torch.set_num_threads(2)
+            with torch.no_grad():
+                correct = sum(int((net(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
+                              for i in range(0, len(y), 1000))
+            self.assertAlmostEqual(correct / len(y), accuracy, places=4)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -23,6 +23,26 @@ class ConvBnDropout(torch.nn.Module):
         return self.fc(self.drop(x.flatten(1)))
 
 
+class FashionNet(torch.nn.Module):
+    """Two conv + BatchNorm blocks, dropout, two linear layers: a Fashion-MNIST model."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(16)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(32)
+        self.drop = torch.nn.Dropout(0.25)
+        self.fc1 = torch.nn.Linear(32 * 7 * 7, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
+        x = self.drop(torch.relu(self.fc1(self.drop(x.flatten(1)))))
+        return self.fc2(x)
+
+
 class LinearBn(torch.nn.Module):
     def __init__(self, features=6, hidden=5, classes=3):
         super().__init__()
