@@ -16,7 +16,6 @@
 #include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::data {
-namespace {
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::ostringstream out;
@@ -26,6 +25,8 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   out << "]";
   return out.str();
 }
+
+namespace {
 
 std::string where(const std::string& file, const std::string& dataset) {
   return "'" + file + "', dataset '" + dataset + "'";

@@ -7,15 +7,6 @@
 
 namespace autoaccum::train {
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::ostringstream text;
-  text << "[";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    text << (i ? ", " : "") << shape[i];
-  text << "]";
-  return text.str();
-}
-
 Objective::Objective(bool classification, std::int64_t classes,
                      std::vector<std::int64_t> target_shape)
     : classification_(classification), classes_(classes), target_shape_(std::move(target_shape)) {

@@ -254,7 +254,7 @@ class Checkpoints(Run):
     def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_ones(self):
         disk = self.path("tiny")
         os.makedirs(disk)
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80k", "tmpfs", disk],
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", disk],
                           capture_output=True).returncode != 0:
             self.skipTest("cannot mount a small tmpfs here")
         try:

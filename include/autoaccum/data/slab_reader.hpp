@@ -13,6 +13,8 @@ namespace autoaccum::data {
 
 enum class FieldType { kUInt8, kInt64, kFloat32 };
 std::string to_string(FieldType type);
+// "[1, 28, 28]": a shape as messages show it.
+std::string shape_text(const std::vector<std::int64_t>& shape);
 
 // One dataset of the training file: name, element type in the file, shape of one row.
 struct FieldSpec {

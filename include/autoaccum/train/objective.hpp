@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "autoaccum/data/slab_reader.hpp"
+
 namespace autoaccum::train {
 
 class Objective {
@@ -37,7 +39,6 @@ class Objective {
   std::int64_t target_elements_ = 1;
 };
 
-// "[2, 28, 28]"
-std::string shape_text(const std::vector<std::int64_t>& shape);
+using data::shape_text;
 
 }  // namespace autoaccum::train
