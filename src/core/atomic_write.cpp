@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +14,14 @@
 #include "autoaccum/core/error.hpp"
 
 namespace autoaccum {
+namespace {
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+}  // namespace
 
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write) {
@@ -44,12 +54,34 @@ void write_atomically(const std::string& path,
     std::remove(temporary.c_str());
     throw InputError("cannot rename '" + temporary + "' to '" + path + "': " + reason);
   }
+  // The rename is an update of the folder: on disk too before the file counts as written, so a
+  // node crash right after cannot bring the old name back.
+  const int folder = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (folder >= 0) {
+    (void)::fsync(folder);  // best effort: some file systems refuse fsync on a folder
+    ::close(folder);
+  }
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& path) {
+  const std::string folder = folder_of(path);
+  const auto slash = path.rfind('/');
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  std::vector<std::string> removed;
+  DIR* listing = ::opendir(folder.c_str());
+  if (!listing) return removed;
+  while (const dirent* entry = ::readdir(listing)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string full = folder + "/" + name;
+    if (std::remove(full.c_str()) == 0) removed.push_back(full);
+  }
+  ::closedir(listing);
+  return removed;
 }
 
 void check_writable_file(const std::string& option, const std::string& path) {
-  const auto slash = path.rfind('/');
-  const std::string folder =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string folder = folder_of(path);
   struct stat info {};
   if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     throw UsageError(option + ": '" + path + "' is a folder; give a file name");

@@ -2,6 +2,7 @@
 // step or retry; observers, checkpoints and evaluation hang off the loop (docs/design.md).
 #include "autoaccum/train/trainer.hpp"
 
+#include <sched.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -84,12 +85,37 @@ struct DeviceContext {
   }
 };
 
+// The default thread count: the CPUs this rank may run on (its affinity mask: Slurm's
+// --cpus-per-task, mpirun's binding, taskset), or, when the rank is not bound, the node's cores
+// shared among its ranks.
+struct ThreadChoice {
+  int count = 1;
+  std::string source;
+};
+
+ThreadChoice choose_threads(int requested, int local_ranks) {
+  if (requested > 0) return {requested, "--threads"};
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    const int allowed = CPU_COUNT(&mask);
+    if (allowed > 0 && allowed < cores) {
+      return {allowed, "CPU mask of " + std::to_string(allowed) + " core(s)"};
+    }
+  }
+  const int ranks = std::max(1, local_ranks);
+  return {std::max(1, cores / ranks),
+          std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
+}
+
 struct Trainer::State {
   TrainOptions options;
   comm::Communicator& comm;
   int rank = 0;
   int world = 1;
   bool root = false;
+  std::string thread_source;  // where the thread count came from, for the banner
   DeviceContext context;
   comm::Communicator& reduce_comm() {
     return context.gradient_comm ? *context.gradient_comm : comm;
@@ -180,12 +206,9 @@ void Trainer::State::setup() {
   world = comm.size();
   root = rank == 0;
   control = ControlLayout{world};
-  int threads = options.threads;
-  if (threads <= 0) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    threads = std::max(1, cores / std::max(1, comm.local_size()));
-  }
-  at::set_num_threads(threads);
+  const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
+  thread_source = threads.source;
+  at::set_num_threads(threads.count);
   memory::tune_malloc();
 
   choose_device();
@@ -241,6 +264,18 @@ void Trainer::State::take_outputs() {
   for (const auto& lock : locks) {
     if (!lock->warning().empty() && !options.quiet)
       std::cerr << "autoaccum: warning: " << lock->warning() << std::endl;
+  }
+  // Holding the locks, no other writer exists: temporaries beside the outputs are a killed
+  // writer's leftovers.
+  if (root) {
+    for (const std::string* output : {&options.run_log, &options.checkpoint}) {
+      if (output->empty()) continue;
+      for (const auto& removed : remove_stale_temporaries(*output)) {
+        if (!options.quiet)
+          std::cerr << "autoaccum: note: removed " << removed << ", left by a killed writer"
+                    << std::endl;
+      }
+    }
   }
 }
 
@@ -430,9 +465,21 @@ void Trainer::State::resume() {
   if (!options.resume) return;
   if (options.checkpoint.empty())
     throw CollectiveError("--resume needs --checkpoint FILE", ExitCode::kUsage, 0);
+  // Rank 0 chooses which file to resume from and every rank reads that one: on a network file
+  // system with caching, ranks choosing alone could see different newest files.
   std::optional<io::LoadedCheckpoint> loaded;
-  comm::collectively(comm, [&] { loaded = io::read_latest_checkpoint(options.checkpoint); });
-  if (comm.allreduce_min(loaded ? 1 : 0) == 1) {
+  std::string chosen;
+  comm::collectively(comm, [&] {
+    if (!root) return;
+    loaded = io::read_latest_checkpoint(options.checkpoint);
+    if (loaded) chosen = loaded->path;
+  });
+  comm.broadcast(chosen, 0);
+  comm::collectively(comm, [&] {
+    if (root || chosen.empty()) return;
+    loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, ""};
+  });
+  if (!chosen.empty()) {
     if (!loaded->warning.empty() && root && !options.quiet)
       std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
     restore(loaded->checkpoint);
@@ -555,8 +602,8 @@ void Trainer::State::announce() {
   const auto nodes = std::unique(unique.begin(), unique.end()) - unique.begin();
   std::ostringstream banner;
   banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
-         << at::get_num_threads() << " thread(s) per rank; " << model->describe() << ": "
-         << parameters.describe();
+         << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
+         << model->describe() << ": " << parameters.describe();
   if (model_state->buffer_count() > 0) {
     banner << "; " << model_state->buffer_count() << " buffer(s) (" << model_state->reduce_count()
            << " values) averaged over the ranks every step";

@@ -52,6 +52,33 @@ class Run(unittest.TestCase):
                          *args, timeout=timeout)
 
 
+class Threads(Run):
+    @unittest.skipUnless(shutil.which("taskset") and len(os.sched_getaffinity(0)) >= 2,
+                         "needs taskset and two CPUs")
+    def test_default_threads_follow_the_cpu_mask(self):
+        def threads(prefix):
+            log = self.path("threads.h5")
+            if os.path.exists(log):
+                os.remove(log)
+            command = [*prefix, MPIEXEC, "--oversubscribe", "--bind-to", "none", "-n", "1", BIN,
+                       "train", "--data", self.data, "--hidden", "8", "--global-batch", 50,
+                       "--steps", 1, "--run-log", log]
+            done = subprocess.run([str(c) for c in command], capture_output=True, text=True,
+                                  timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            with h5py.File(log, "r") as f:
+                return int(f.attrs["threads_per_rank"]), done.stdout
+
+        count, banner = threads(["taskset", "-c", "0"])
+        self.assertEqual(count, 1)
+        self.assertIn("1 thread(s) per rank (CPU mask of 1 core(s))", banner)
+        count, banner = threads([])
+        self.assertEqual(count, len(os.sched_getaffinity(0)))
+        if len(os.sched_getaffinity(0)) == os.cpu_count():
+            self.assertIn(f"{count} thread(s) per rank ({count} cores / 1 rank(s) on the node)",
+                          banner)
+
+
 class RunLogEndToEnd(Run):
     def test_injected_oom_run_log_has_every_field(self):
         log = self.path("oom.h5")

@@ -268,10 +268,16 @@ class UserModels(unittest.TestCase):
             time.sleep(1)  # the ranks' exit releases their locks
         # Killed without clean-up: its lock file stays, held by nobody.
         self.assertTrue(os.path.exists(log + ".lock"))
+        # A writer killed mid-checkpoint leaves its temporary: the next holder removes it.
+        leftover = checkpoint + ".tmp.424242"
+        with open(leftover, "w") as f:
+            f.write("half a checkpoint")
         r = self.train(2, model, self.data, "--global-batch", 8, "--steps", 2, "--run-log", log,
                        "--checkpoint", checkpoint)
         self.assertEqual(r.returncode, 0, r)
         self.assertIn("took over", r.stderr)
+        self.assertFalse(os.path.exists(leftover))
+        self.assertIn("removed " + leftover, r.stderr)
         self.assertFalse(os.path.exists(log + ".lock"), "a finished job removes its lock")
         self.assertFalse(os.path.exists(checkpoint + ".lock"))
 

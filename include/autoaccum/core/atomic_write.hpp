@@ -3,14 +3,20 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace autoaccum {
 
 // Calls `write(temporary_path)` (a name beside `path`, on the same file system) and renames the
-// result onto `path`. If `write` throws, the temporary is removed and `path` is untouched, so a
-// failure never leaves a half-written file nor damages the file already there.
+// result onto `path`, fsyncing the file before and its folder after the rename. If `write` throws,
+// the temporary is removed and `path` is untouched, so a failure never leaves a half-written file
+// nor damages the file already there.
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write);
+
+// Removes the temporaries a killed writer left beside `path` (`path.tmp.<pid>`) and returns their
+// names. Call it only while holding the output's lock (OutputLock): then no live writer exists.
+std::vector<std::string> remove_stale_temporaries(const std::string& path);
 
 // Throws UsageError naming `option` unless a file can be created at `path`: its folder exists and
 // is writable, and `path` is not a folder. Checked before any work, so a typo costs seconds.
