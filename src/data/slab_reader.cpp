@@ -134,7 +134,7 @@ SlabReader::SlabReader(SlabReader&&) noexcept = default;
 SlabReader& SlabReader::operator=(SlabReader&&) noexcept = default;
 
 SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> inputs,
-                       std::string target, bool check_labels)
+                       std::string target, bool check_labels, std::int64_t ignore_label)
     : paths_(std::move(paths)) {
   if (paths_.empty()) throw UsageError("--data: no training file given");
   if (inputs.empty()) throw UsageError("--inputs: no input dataset named");
@@ -175,9 +175,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
           type = FieldType::kUInt8;
           break;
         case hdf5::DType::kInt64:
-          if (!is_target)
-            throw InputError(where(path, name) + " is int64; inputs must be uint8 or float32");
-          type = FieldType::kInt64;
+          type = FieldType::kInt64;  // inputs: token ids, passed to the model unscaled
           break;
         case hdf5::DType::kFloat32:
           type = FieldType::kFloat32;
@@ -185,7 +183,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
         default:
           throw InputError(where(path, name) + " has unsupported type " + dataset.dtype_name() +
                            (is_target ? "; targets must be int64 or float32"
-                                      : "; inputs must be uint8 or float32"));
+                                      : "; inputs must be uint8, int64 or float32"));
       }
       FieldSpec spec{name, type, std::vector<std::int64_t>(shape.begin() + 1, shape.end()),
                      is_target};
@@ -240,26 +238,26 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
 
   if (schema_.target().type != FieldType::kInt64) return;
   // Labels outside [0, num_classes) would index past the logits; check them all once, up front.
-  if (!schema_.target().row_shape.empty()) {
-    throw InputError(where(paths_.front(), target) +
-                     " holds int64 class labels, so it must be "
-                     "one-dimensional [rows], not " +
-                     shape_text(schema_.target().row_shape) + " per row");
-  }
+  // [rows] labels one class per row; [rows, T] one per token. `ignore_label` marks positions
+  // the loss skips (padding).
+  std::int64_t per_row = 1;
+  for (auto d : schema_.target().row_shape)
+    per_row *= d;
   std::int64_t max_label = -1;
   if (check_labels || !declared_classes) {
-    const std::int64_t block = 1 << 20;
+    const std::int64_t block = std::max<std::int64_t>(1, (1 << 20) / per_row);
     std::vector<std::int64_t> labels;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       for (std::int64_t first = 0; first < shards_[s]->rows; first += block) {
         const std::int64_t count = std::min(block, shards_[s]->rows - first);
-        labels.resize(static_cast<std::size_t>(count));
+        labels.resize(static_cast<std::size_t>(count * per_row));
         shards_[s]->datasets.back().read_rows(first, count, hdf5::DType::kInt64, labels.data());
-        for (std::int64_t k = 0; k < count; ++k) {
+        for (std::int64_t k = 0; k < count * per_row; ++k) {
           const std::int64_t label = labels[static_cast<std::size_t>(k)];
+          if (label == ignore_label) continue;
           if (label < 0 || (declared_classes && label >= *declared_classes)) {
             throw InputError(where(paths_[s], target) + ": label " + std::to_string(label) +
-                             " at row " + std::to_string(first + k) + " is outside [0, " +
+                             " at row " + std::to_string(first + k / per_row) + " is outside [0, " +
                              (declared_classes
                                   ? std::to_string(*declared_classes) + ") (num_classes)"
                                   : std::string("inf)")));

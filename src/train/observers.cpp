@@ -1,6 +1,7 @@
 // Observers: the run log and the progress lines.
 #include "autoaccum/train/observers.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -108,8 +109,15 @@ void ProgressObserver::on_step(const io::StepRow& row, const std::vector<std::in
 }
 
 void ProgressObserver::on_eval(const EvalEvent& event) {
-  char line[160];
-  if (event.classification) {
+  char line[200];
+  if (event.classification && event.unit == "token") {
+    std::snprintf(line, sizeof line,
+                  "eval  step %lld  loss %.4f per token (perplexity %.2f)  accuracy %.4f  "
+                  "(%lld rows, %lld tokens)",
+                  static_cast<long long>(event.step), event.loss, std::exp(event.loss),
+                  event.accuracy, static_cast<long long>(event.rows),
+                  static_cast<long long>(event.counted));
+  } else if (event.classification) {
     std::snprintf(line, sizeof line, "eval  step %lld  loss %.4f  accuracy %.4f  (%lld rows)",
                   static_cast<long long>(event.step), event.loss, event.accuracy,
                   static_cast<long long>(event.rows));

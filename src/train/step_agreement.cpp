@@ -37,7 +37,9 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
   }
   outcome.stop = reduced[layout.stop()] > 0.5f;
-  outcome.loss = reduced[layout.loss()];
+  outcome.loss_sum = reduced[layout.loss()];
+  outcome.weight = reduced[layout.weight()];
+  outcome.loss = outcome.weight > 0 ? outcome.loss_sum / outcome.weight : 0.0;
   return outcome;
 }
 

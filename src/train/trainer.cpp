@@ -282,15 +282,15 @@ void Trainer::State::take_outputs() {
 void Trainer::State::open_data() {
   const auto& o = options;
   comm::collectively(comm, [&] {
-    reader =
-        std::make_unique<data::SlabReader>(data::expand_data_paths(o.data), o.inputs, o.targets);
+    reader = std::make_unique<data::SlabReader>(data::expand_data_paths(o.data), o.inputs,
+                                                o.targets, true, o.ignore_index);
     const auto& schema = reader->schema();
     const bool classification = schema.target().type == data::FieldType::kInt64;
-    objective.emplace(classification, classification ? *schema.num_classes : 0,
-                      schema.target().row_shape);
+    objective.emplace(Objective::choose(o.loss, schema.target(),
+                                        classification ? *schema.num_classes : 0, o.ignore_index));
     if (!o.val_data.empty()) {
       val_reader = std::make_unique<data::SlabReader>(data::expand_data_paths(o.val_data), o.inputs,
-                                                      o.targets);
+                                                      o.targets, true, o.ignore_index);
       const auto& a = reader->schema();
       const auto& b = val_reader->schema();
       for (std::size_t i = 0; i < a.fields.size(); ++i) {
@@ -418,7 +418,7 @@ void Trainer::State::trial() {
       const std::string problem = objective->check_output(output, rows.rows(), options.targets);
       if (!problem.empty()) throw InputError(problem);
       const at::Tensor target = context.on_device(rows[rows.size() - 1]);
-      (void)objective->loss(output, target, rows.rows()).item<double>();
+      (void)objective->terms(output, target).sum.item<double>();
     } catch (const InputError& e) {
       throw InputError(what.str() + e.what());
     } catch (const Error&) {
@@ -626,11 +626,10 @@ void Trainer::State::announce() {
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   reduce->zero();
   std::fill(control_values.begin(), control_values.end(), 0.0f);
-  const std::int64_t global_rows = options.global_batch;
   const auto input_count = static_cast<std::size_t>(slab.size() - 1);
   // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
   // micro-batch (it matters on a GPU).
-  at::Tensor local_loss;
+  at::Tensor local_loss, local_weight;
   memory::reset_peak();
   memory::OomWatch watch;
   std::optional<AttemptGuard> guard;
@@ -653,11 +652,14 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
                                     std::to_string(micro.rows()));
       }
       phase = AttemptPhase::kLoss;
-      at::Tensor micro_loss =
-          objective->loss(output, context.on_device(micro[input_count]), global_rows);
+      // The gradient of the summed loss accumulates; it is divided once, after the all-reduce,
+      // by what the whole global batch counted.
+      const Objective::Terms terms =
+          objective->terms(output, context.on_device(micro[input_count]));
       phase = AttemptPhase::kBackward;
-      micro_loss.backward();
-      local_loss = local_loss.defined() ? local_loss + micro_loss.detach() : micro_loss.detach();
+      terms.sum.backward();
+      local_loss = local_loss.defined() ? local_loss + terms.sum.detach() : terms.sum.detach();
+      local_weight = local_weight.defined() ? local_weight + terms.weight : terms.weight;
       if (!checked_views) {
         if (!reduce->gradients_intact()) throw Error("internal: autograd replaced a gradient view");
         checked_views = true;
@@ -671,6 +673,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     if (!watch.explains(e)) throw;
     out_of_memory = true;
     local_loss = at::Tensor();
+    local_weight = at::Tensor();
   }
   write_report(control, rank,
                RankReport{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone,
@@ -678,9 +681,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
                control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
-    reduce->view(control_region)
-        .narrow(0, static_cast<std::int64_t>(control.loss()), 1)
-        .copy_(local_loss.reshape({1}));
+    at::Tensor slots = reduce->view(control_region);
+    slots.narrow(0, static_cast<std::int64_t>(control.loss()), 1).copy_(local_loss.reshape({1}));
+    slots.narrow(0, static_cast<std::int64_t>(control.weight()), 1)
+        .copy_(local_weight.reshape({1}));
   }
 
   memory::synchronize_device();  // NCCL runs on its own stream (timed apart: it waits for backward)
@@ -696,6 +700,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
   }
   if (outcome.succeeded()) {
+    if (outcome.weight > 0) reduce->view(gradient_region).mul_(1.0 / outcome.weight);
     model_state->apply_mean_change(reduce->view(buffer_region), world);
     guard->commit();
   }
@@ -747,7 +752,7 @@ void Trainer::State::evaluate() {
   std::int64_t m = options.eval_micro_batch > 0
                        ? options.eval_micro_batch
                        : std::max<std::int64_t>(policy->current() * 4, 256);
-  double totals[3] = {0, 0, 0};  // loss sum, correct, rows
+  double totals[4] = {0, 0, 0, 0};  // loss sum, correct, counted items, rows
   // Evaluation has no collective inside, so each rank halves on its own after an OOM. Each
   // micro-batch is read as its own slab, so the read also shrinks with m.
   for (std::int64_t first = part.begin; first < part.end;) {
@@ -759,10 +764,12 @@ void Trainer::State::evaluate() {
         inputs.push_back(context.on_device(micro[i]));
       at::Tensor output = model->forward(inputs);
       const at::Tensor target = context.on_device(micro[micro.size() - 1]);
-      totals[0] += objective->loss(output, target, 1).item<double>();
+      const Objective::Terms terms = objective->terms(output, target);
+      totals[0] += terms.sum.item<double>();
+      totals[2] += terms.weight.item<double>();
       if (objective->classification())
         totals[1] += objective->correct(output, target).item<double>();
-      totals[2] += static_cast<double>(micro.rows());
+      totals[3] += static_cast<double>(micro.rows());
       first += micro.rows();
     } catch (const std::exception& e) {
       if (!watch.explains(e) || m == 1) throw;
@@ -770,10 +777,12 @@ void Trainer::State::evaluate() {
       memory::release_cached_memory();
     }
   }
-  comm.allreduce_sum_host(totals, 3);
+  comm.allreduce_sum_host(totals, 4);
   EvalEvent event;
   event.step = step;
-  event.rows = static_cast<std::int64_t>(totals[2]);
+  event.rows = static_cast<std::int64_t>(totals[3]);
+  event.counted = static_cast<std::int64_t>(totals[2]);
+  event.unit = objective->unit();
   event.loss = totals[0] / std::max(totals[2], 1.0);
   event.classification = objective->classification();
   event.accuracy = event.classification ? totals[1] / std::max(totals[2], 1.0) : std::nan("");

@@ -34,12 +34,13 @@ TEST(ReduceLayout, RegionsFollowEachOtherAndNamesAreUnique) {
 
 // Sums per-rank control arrays as the all-reduce would.
 std::vector<float> reduce(const ControlLayout& layout, const std::vector<RankReport>& reports,
-                          const std::vector<float>& losses) {
+                          const std::vector<float>& losses, float weight_per_rank = 0.5f) {
   std::vector<float> sum(static_cast<std::size_t>(layout.count()), 0.0f);
   for (int r = 0; r < layout.world; ++r) {
     std::vector<float> mine(sum.size(), 0.0f);
     write_report(layout, r, reports[static_cast<std::size_t>(r)], mine.data());
     mine[layout.loss()] = losses[static_cast<std::size_t>(r)];
+    mine[layout.weight()] = weight_per_rank;
     for (std::size_t i = 0; i < sum.size(); ++i)
       sum[i] += mine[i];
   }
@@ -59,7 +60,9 @@ TEST(StepAgreement, NamesTheRanksThatRanOutAndWhere) {
   EXPECT_EQ(outcome.phases_text(), " (rank 1 in backward, rank 3 in forward)");
   EXPECT_EQ(outcome.peak_bytes[3], 5 << 20);
   EXPECT_TRUE(outcome.stop);
-  EXPECT_FLOAT_EQ(static_cast<float>(outcome.loss), 0.75f);
+  EXPECT_FLOAT_EQ(static_cast<float>(outcome.loss_sum), 0.75f);
+  EXPECT_FLOAT_EQ(static_cast<float>(outcome.weight), 2.0f);
+  EXPECT_FLOAT_EQ(static_cast<float>(outcome.loss), 0.375f) << "the sum over the counted items";
 }
 
 TEST(StepAgreement, SuccessWhenNoRankRanOut) {
@@ -70,7 +73,9 @@ TEST(StepAgreement, SuccessWhenNoRankRanOut) {
   const StepOutcome outcome = agree_on_step(layout, reduced.data());
   EXPECT_TRUE(outcome.succeeded());
   EXPECT_FALSE(outcome.stop);
-  EXPECT_DOUBLE_EQ(outcome.loss, 6.0);
+  EXPECT_DOUBLE_EQ(outcome.loss, 6.0 / 1.5);
+  const auto nothing_counted = reduce(layout, reports, {0, 0, 0}, 0.0f);
+  EXPECT_EQ(agree_on_step(layout, nothing_counted.data()).loss, 0.0) << "no division by zero";
   EXPECT_EQ(outcome.peak_bytes, (std::vector<std::int64_t>{0, 0, 7 << 10}));
   EXPECT_EQ(outcome.phases_text(), "");
 
@@ -186,7 +191,8 @@ TEST(TorchErrorSummary, KeepsTheInterpretersLastLine) {
       "    return (fc).forward(x, )\n"
       "            ~~~~~~~~~~~ <--- HERE\n"
       "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x8 and 100x3)\n");
-  EXPECT_EQ(torch_error_summary(scripted), "mat1 and mat2 shapes cannot be multiplied (2x8 and 100x3)");
+  EXPECT_EQ(torch_error_summary(scripted),
+            "mat1 and mat2 shapes cannot be multiplied (2x8 and 100x3)");
   const std::runtime_error plain("forward() expected at most 2 argument(s) but received 3\nmore");
   EXPECT_EQ(torch_error_summary(plain), "forward() expected at most 2 argument(s) but received 3");
 }

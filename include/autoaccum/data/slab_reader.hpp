@@ -43,11 +43,13 @@ std::vector<std::string> expand_data_paths(const std::vector<std::string>& argum
 class SlabReader {
  public:
   // Opens every shard and checks the schema: the named datasets exist in every shard with the
-  // same types and row shapes; inputs and target have equal lengths; input types are uint8 or
-  // float32, the target int64 or float32; there is at least one row; integer labels lie in
-  // [0, num_classes). Each problem is an InputError that names the file and dataset.
+  // same types and row shapes; inputs and target have equal lengths; input types are uint8
+  // (images, scaled), int64 (token ids, unscaled) or float32, the target int64 (class labels,
+  // [rows] or one per token [rows, T]) or float32; there is at least one row; integer labels
+  // other than `ignore_label` lie in [0, num_classes). Each problem is an InputError that names
+  // the file and dataset.
   SlabReader(std::vector<std::string> paths, std::vector<std::string> inputs, std::string target,
-             bool check_labels = true);
+             bool check_labels = true, std::int64_t ignore_label = -100);
   ~SlabReader();
   SlabReader(SlabReader&&) noexcept;
   SlabReader& operator=(SlabReader&&) noexcept;

@@ -31,6 +31,8 @@ struct EvalEvent {
   double accuracy = 0;  // NaN for regression
   bool classification = true;
   std::int64_t rows = 0;
+  std::int64_t counted = 0;  // what the loss averages over: rows, tokens (not ignored), values
+  std::string unit = "row";  // "row", "token", "value"
 };
 
 // Called on every rank, in step order; an observer that only rank 0 needs is only made there.

@@ -18,7 +18,9 @@ struct TrainOptions {
 
   std::string model = "mlp";  // mlp | cnn
   std::vector<std::int64_t> hidden{512, 512};
-  std::string model_file;  // TorchScript; overrides model
+  std::string model_file;            // TorchScript; overrides model
+  std::string loss = "auto";         // auto | cross-entropy | mse | bce
+  std::int64_t ignore_index = -100;  // cross-entropy: labels skipped (padding)
 
   std::int64_t global_batch = 256;
   std::optional<std::int64_t> micro_batch;  // nullopt: auto

@@ -23,12 +23,16 @@ struct ControlLayout {
   std::size_t phase(int rank) const {  // where it ran out (AttemptPhase)
     return static_cast<std::size_t>(2 * world + rank);
   }
-  std::size_t loss() const { return static_cast<std::size_t>(3 * world); }      // the summed loss
-  std::size_t stop() const { return static_cast<std::size_t>(3 * world + 1); }  // signals
-  std::int64_t count() const { return 3 * world + 2; }
+  std::size_t loss() const { return static_cast<std::size_t>(3 * world); }  // summed loss
+  std::size_t weight() const {  // summed count of what the loss counted (rows, tokens)
+    return static_cast<std::size_t>(3 * world + 1);
+  }
+  std::size_t stop() const { return static_cast<std::size_t>(3 * world + 2); }  // signals
+  std::int64_t count() const { return 3 * world + 3; }
 };
 
-// What one rank reports at the end of an attempt (the loss travels apart, as a device value).
+// What one rank reports at the end of an attempt (the loss sum and its weight travel apart, as
+// device values).
 struct RankReport {
   bool out_of_memory = false;
   AttemptPhase phase = AttemptPhase::kNone;
@@ -43,7 +47,9 @@ struct StepOutcome {
   std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
   std::vector<AttemptPhase> phases;      // per rank: where it ran out (kNone: it did not)
   bool stop = false;                     // some rank received a stop signal
-  double loss = 0;                       // the global batch's mean loss (valid on success)
+  double loss_sum = 0;                   // the loss summed over everything the ranks counted
+  double weight = 0;                     // how many items (rows, tokens, values) that was
+  double loss = 0;  // the global batch's mean loss: loss_sum / weight (0 when nothing counted)
   bool succeeded() const noexcept { return out_of_memory.empty(); }
   std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
   // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in

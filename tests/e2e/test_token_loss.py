@@ -1,0 +1,176 @@
+"""Token-level losses stay exact across micro-batches and ranks: a scripted language model whose
+ignored positions make the counted tokens differ between micro-batches and ranks, trained under
+an out-of-memory that halves mid-step and at a micro-batch that does not divide the per-rank
+batch, equals PyTorch's full-batch step (sum of token losses / all counted tokens). The same
+for binary cross-entropy. Loss choices that cannot work are one line, exit 1."""
+import os
+import shutil
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import user_models as um
+from harness import autoaccum
+
+VOCAB, CONTEXT = 11, 6
+
+
+class TinyLM(torch.nn.Module):
+    """Token and position embeddings, a causal running mean, a linear head: [m, T] -> [m, T, V]."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(VOCAB, 8)
+        self.pos = torch.nn.Parameter(0.1 * torch.randn(CONTEXT, 8))
+        self.mix = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def forward(self, x):
+        h = torch.relu(self.mix(self.tok(x) + self.pos))
+        steps = torch.arange(1, x.size(1) + 1, dtype=h.dtype).view(1, -1, 1)
+        return self.head(torch.cumsum(h, 1) / steps)
+
+
+class Multilabel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.out = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.a(x)))
+
+
+def full_batch_steps(model_path, x, y, global_batch, steps, lr, loss):
+    """PyTorch's step on whole global batches: plain SGD on the mean over counted items."""
+    model = torch.jit.load(model_path)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        rows = slice(step * global_batch, (step + 1) * global_batch)
+        xb, yb = torch.from_numpy(x[rows]), torch.from_numpy(y[rows])
+        opt.zero_grad()
+        out = model(xb)
+        if loss == "tokens":
+            value = F.cross_entropy(out.reshape(-1, VOCAB), yb.reshape(-1), ignore_index=-100)
+        else:
+            value = F.binary_cross_entropy_with_logits(out, yb)
+        value.backward()
+        opt.step()
+    return model
+
+
+class TokenLoss(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="autoaccum-tokens-")
+        rng = np.random.default_rng(4)
+        rows = 72
+        x = rng.integers(0, VOCAB, (rows, CONTEXT)).astype(np.int64)
+        y = np.roll(x, -1, axis=1)
+        # Padding: row r ignores its last (r * 5) % CONTEXT positions, so micro-batches and ranks
+        # count different numbers of tokens; a few rows count none at all.
+        for r in range(rows):
+            pad = (r * 5) % CONTEXT
+            if pad:
+                y[r, CONTEXT - pad:] = -100
+        y[7] = -100
+        cls.x, cls.y = x, y
+        cls.data = os.path.join(cls.dir, "tokens.h5")
+        with h5py.File(cls.data, "w") as f:
+            f["x"], f["y"] = x, y
+            f.attrs["num_classes"] = VOCAB
+        torch.manual_seed(1)
+        cls.model = os.path.join(cls.dir, "lm.pt")
+        torch.jit.script(TinyLM()).save(cls.model)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def train(self, ranks, data, model, *args):
+        return autoaccum(ranks, "train", "--data", data, "--model-file", model, "--threads", 1,
+                         "--shuffle", "none", "--momentum", 0, "--lr", 0.5, *args, timeout=120)
+
+    def test_token_cross_entropy_is_exact_for_any_split(self):
+        reference = full_batch_steps(self.model, self.x, self.y, 24, 2, 0.5, "tokens")
+        cases = [
+            (2, ["--inject-oom", "rank=1,above=3"]),  # 12 per rank, halved to 3 mid-step
+            (3, ["--micro-batch", 5]),  # 8 per rank: micro-batches of 5 and 3
+        ]
+        for ranks, extra in cases:
+            with self.subTest(ranks=ranks, extra=extra):
+                checkpoint = os.path.join(self.dir, f"lm-{ranks}.h5")
+                r = self.train(ranks, self.data, self.model, "--global-batch", 24, "--steps", 2,
+                               "--checkpoint", checkpoint, *extra)
+                self.assertEqual(r.returncode, 0, r)
+                self.assertIn("cross-entropy per token over 11 classes, over all counted tokens "
+                              "of the global batch", r.stdout)
+                if "--inject-oom" in extra:
+                    self.assertIn("continue at 3", r.stdout)
+                um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
+
+    def test_binary_cross_entropy_is_exact(self):
+        rng = np.random.default_rng(8)
+        x = rng.standard_normal((60, 8)).astype(np.float32)
+        y = (rng.random((60, 4)) < 0.3).astype(np.float32)
+        data = um.write_data(os.path.join(self.dir, "multilabel.h5"), x, y)
+        torch.manual_seed(2)
+        model = os.path.join(self.dir, "multilabel.pt")
+        torch.jit.script(Multilabel()).save(model)
+        checkpoint = os.path.join(self.dir, "bce.h5")
+        r = self.train(3, data, model, "--loss", "bce", "--global-batch", 20, "--steps", 3,
+                       "--micro-batch", 3, "--checkpoint", checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("binary cross-entropy with logits", r.stdout)
+        reference = full_batch_steps(model, x, y, 20, 3, 0.5, "bce")
+        um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
+
+    def assert_one_line_error(self, r, *needles):
+        self.assertEqual(r.returncode, 1, r)
+        lines = um.error_lines(r)
+        self.assertEqual(len(lines), 1, r)
+        for needle in needles:
+            self.assertIn(needle, lines[0], r)
+
+    def test_losses_that_cannot_work_are_one_line(self):
+        floats = um.write_data(os.path.join(self.dir, "floats.h5"),
+                               *um.classification_data(40, (8,), 4, 1))
+        with h5py.File(floats, "a") as f:
+            del f["y"]
+            f["y"] = np.zeros((40,), np.float32)
+        model = um.save_scripted(Multilabel(), os.path.join(self.dir, "ml.pt"))
+        r = self.train(2, floats, model, "--loss", "cross-entropy", "--global-batch", 20,
+                       "--steps", 1)
+        self.assert_one_line_error(r, "--loss cross-entropy", "float")
+
+        # Token labels with a model that returns one row of logits per sequence.
+        class PerSequence(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = torch.nn.Embedding(VOCAB, 4)
+                self.head = torch.nn.Linear(4, VOCAB)
+
+            def forward(self, x):
+                return self.head(self.tok(x).mean(1))
+
+        model = um.save_scripted(PerSequence(), os.path.join(self.dir, "per-seq.pt"))
+        r = self.train(2, self.data, model, "--global-batch", 24, "--steps", 1)
+        self.assert_one_line_error(r, "per-seq.pt", "[2, 11]", "[2, 6, 11]")
+
+        # A label >= classes outside the ignored positions.
+        bad = os.path.join(self.dir, "bad-label.h5")
+        y = self.y.copy()
+        y[3, 0] = VOCAB
+        with h5py.File(bad, "w") as f:
+            f["x"], f["y"] = self.x, y
+            f.attrs["num_classes"] = VOCAB
+        r = self.train(2, bad, self.model, "--global-batch", 24, "--steps", 1)
+        self.assert_one_line_error(r, bad, "label 11 at row 3")
+
+
+if __name__ == "__main__":
+    unittest.main()
