@@ -218,7 +218,7 @@ class UserModels(unittest.TestCase):
             (WrongWidth, ["wrong.pt", "x [2, 8]", "shapes cannot be multiplied"]),
             (TwoInputs, ["two.pt", "argument"]),
             (Pair, ["pair.pt", "Tuple", "one tensor"]),
-            (FiveClasses, ["five.pt", "[2, 2]", "[rows, 3]"]),
+            (FiveClasses, ["five.pt", "[2, 2]", "must be [2, 3] logits"]),
         ]
         for module, needles in cases:
             with self.subTest(model=needles[0]):
