@@ -49,8 +49,9 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   o.hidden = parse_widths(vm["hidden"].as<std::string>());
   if (vm.count("model-file")) o.model_file = vm["model-file"].as<std::string>();
   o.loss = vm["loss"].as<std::string>();
-  if (o.loss != "auto" && o.loss != "cross-entropy" && o.loss != "mse" && o.loss != "bce")
-    throw UsageError("--loss: '" + o.loss + "' is not one of auto, cross-entropy, mse, bce");
+  if (o.loss != "auto" && o.loss != "cross-entropy" && o.loss != "mse" && o.loss != "bce" &&
+      o.loss != "model")
+    throw UsageError("--loss: '" + o.loss + "' is not one of auto, cross-entropy, mse, bce, model");
   o.ignore_index = vm["ignore-index"].as<std::int64_t>();
   o.global_batch = vm["global-batch"].as<std::int64_t>();
   if (o.global_batch < 1)
@@ -144,8 +145,10 @@ Command train_command() {
   add("model-file", po::value<std::string>()->value_name("M.pt"),
       "TorchScript module (overrides --model)");
   add("loss",
-      po::value<std::string>()->default_value("auto")->value_name("auto|cross-entropy|mse|bce"),
-      "auto: cross-entropy for integer targets ([rows] or tokens [rows, T]), mse for float");
+      po::value<std::string>()->default_value("auto")->value_name(
+          "auto|cross-entropy|mse|bce|model"),
+      "auto: cross-entropy for integer targets ([rows] or tokens [rows, T]), mse for float; "
+      "model: forward(inputs..., targets) returns (loss_sum, weight)");
   add("ignore-index", po::value<std::int64_t>()->default_value(-100)->value_name("L"),
       "integer label the cross-entropy skips (padding); the loss is the mean over the rest");
   add("global-batch", po::value<std::int64_t>()->default_value(256)->value_name("B"),

@@ -93,14 +93,44 @@ class ScriptModel final : public Model {
       throw InputError("--model-file '" + path + "' is not a TorchScript module: " + e.msg());
     }
   }
+  // A tensor; or a tuple whose first element is the output; or a dict with key "logits" (as
+  // Hugging Face models return).
   at::Tensor forward(const std::vector<at::Tensor>& inputs) override {
     std::vector<torch::jit::IValue> arguments(inputs.begin(), inputs.end());
     auto output = module_.forward(arguments);
-    if (!output.isTensor()) {
-      throw InputError("forward returned a " + output.tagKind() +
-                       "; autoaccum needs one tensor (logits [rows, classes] or predictions)");
+    if (output.isTensor()) return output.toTensor();
+    if (output.isTuple()) {
+      const auto& elements = output.toTupleRef().elements();
+      if (!elements.empty() && elements[0].isTensor()) return elements[0].toTensor();
     }
-    return output.toTensor();
+    if (output.isGenericDict()) {
+      for (const auto& entry : output.toGenericDict()) {
+        if (entry.key().isString() && entry.key().toStringRef() == "logits" &&
+            entry.value().isTensor())
+          return entry.value().toTensor();
+      }
+    }
+    throw InputError("forward returned a " + output.tagKind() +
+                     " autoaccum cannot read; it needs a tensor (logits [rows, classes] or "
+                     "predictions), a tuple whose first element is one, or a dict with a "
+                     "\"logits\" tensor");
+  }
+  std::pair<at::Tensor, at::Tensor> forward_loss(const std::vector<at::Tensor>& inputs,
+                                                 const at::Tensor& targets) override {
+    std::vector<torch::jit::IValue> arguments(inputs.begin(), inputs.end());
+    arguments.emplace_back(targets);
+    auto output = module_.forward(arguments);
+    const auto bad = [&] {
+      return InputError("--loss model: forward(inputs..., targets) returned a " + output.tagKind() +
+                        "; it must return a tuple (loss_sum, weight) of two scalar tensors");
+    };
+    if (!output.isTuple()) throw bad();
+    const auto& elements = output.toTupleRef().elements();
+    if (elements.size() != 2 || !elements[0].isTensor() || !elements[1].isTensor()) throw bad();
+    const at::Tensor sum = elements[0].toTensor();
+    const at::Tensor weight = elements[1].toTensor();
+    if (sum.numel() != 1 || weight.numel() != 1) throw bad();
+    return {sum.reshape({}), weight.detach().reshape({}).to(at::kFloat)};
   }
   NamedTensors named_parameters() override {
     NamedTensors out;
@@ -183,6 +213,13 @@ std::string torch_error_summary(const std::exception& e) {
   if (raised != std::string::npos) chosen = chosen.substr(0, raised);
   if (chosen.size() > 400) chosen = chosen.substr(0, 397) + "...";
   return chosen;
+}
+
+std::pair<at::Tensor, at::Tensor> Model::forward_loss(const std::vector<at::Tensor>&,
+                                                      const at::Tensor&) {
+  throw UsageError(
+      "--loss model needs a TorchScript model (--model-file) whose forward takes "
+      "the targets last and returns (loss_sum, weight)");
 }
 
 void Model::save(const std::string&) {

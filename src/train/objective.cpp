@@ -44,7 +44,10 @@ Objective Objective::choose(const std::string& loss, const data::FieldSpec& targ
     return Objective(loss == "mse" ? Kind::kMeanSquaredError : Kind::kBinaryCrossEntropy, 0,
                      target.row_shape, ignore_index);
   }
-  throw UsageError("--loss: '" + loss + "' is not one of auto, cross-entropy, mse, bce");
+  if (loss == "model") {
+    return Objective(Kind::kModel, integer ? classes : 0, target.row_shape, ignore_index);
+  }
+  throw UsageError("--loss: '" + loss + "' is not one of auto, cross-entropy, mse, bce, model");
 }
 
 Objective::Terms Objective::terms(const at::Tensor& output, const at::Tensor& target) const {
@@ -69,8 +72,10 @@ Objective::Terms Objective::terms(const at::Tensor& output, const at::Tensor& ta
                   output.reshape(target.sizes()), target,
                   F::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kSum)),
               count(target.numel())};
+    case Kind::kModel:
+      break;
   }
-  throw Error("internal: unknown loss");
+  throw Error("internal: --loss model's terms come from the model");
 }
 
 at::Tensor Objective::correct(const at::Tensor& output, const at::Tensor& target) const {
@@ -113,6 +118,7 @@ std::string Objective::check_output(const at::Tensor& output, std::int64_t rows,
 }
 
 std::string Objective::unit() const {
+  if (from_model()) return "unit of weight";
   if (classification()) return tokens() ? "token" : "row";
   return "value";
 }
@@ -133,6 +139,9 @@ std::string Objective::describe() const {
     case Kind::kBinaryCrossEntropy:
       return "binary cross-entropy with logits over " + std::to_string(target_elements_) +
              " value(s) per row, mean over all values of the global batch";
+    case Kind::kModel:
+      return "the model's own (loss_sum, weight): sum of loss_sum / sum of weight over the "
+             "global batch";
   }
   return "";
 }

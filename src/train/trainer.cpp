@@ -14,6 +14,7 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/comm/factory.hpp"
@@ -414,11 +415,15 @@ void Trainer::State::trial() {
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i + 1 < rows.size(); ++i)
         inputs.push_back(context.on_device(rows[i]));
-      const at::Tensor output = model->forward(inputs);
-      const std::string problem = objective->check_output(output, rows.rows(), options.targets);
-      if (!problem.empty()) throw InputError(problem);
       const at::Tensor target = context.on_device(rows[rows.size() - 1]);
-      (void)objective->terms(output, target).sum.item<double>();
+      if (objective->from_model()) {
+        (void)model->forward_loss(inputs, target).first.item<double>();
+      } else {
+        const at::Tensor output = model->forward(inputs);
+        const std::string problem = objective->check_output(output, rows.rows(), options.targets);
+        if (!problem.empty()) throw InputError(problem);
+        (void)objective->terms(output, target).sum.item<double>();
+      }
     } catch (const InputError& e) {
       throw InputError(what.str() + e.what());
     } catch (const Error&) {
@@ -429,7 +434,11 @@ void Trainer::State::trial() {
                         ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
                     ExitCode::kOutOfMemory);
       }
-      throw InputError(what.str() + torch_error_summary(e));
+      const std::string hint = objective->from_model()
+                                   ? "--loss model calls forward(inputs..., targets) and needs "
+                                     "(loss_sum, weight) back: "
+                                   : "";
+      throw InputError(what.str() + hint + torch_error_summary(e));
     }
   });
 }
@@ -643,7 +652,15 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
       for (std::size_t i = 0; i < input_count; ++i)
         inputs.push_back(context.on_device(micro[i]));
       phase = AttemptPhase::kForward;
-      at::Tensor output = model->forward(inputs);
+      const at::Tensor target = context.on_device(micro[input_count]);
+      // The gradient of the summed loss accumulates; it is divided once, after the all-reduce,
+      // by what the whole global batch counted.
+      Objective::Terms terms;
+      at::Tensor output;
+      if (objective->from_model())
+        std::tie(terms.sum, terms.weight) = model->forward_loss(inputs, target);
+      else
+        output = model->forward(inputs);
       // Injected after the forward pass, so the activations exist when it throws, as in a real
       // OOM late in forward; they must be released like a real one's.
       if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
@@ -651,11 +668,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
                                     std::to_string(micro.rows()));
       }
-      phase = AttemptPhase::kLoss;
-      // The gradient of the summed loss accumulates; it is divided once, after the all-reduce,
-      // by what the whole global batch counted.
-      const Objective::Terms terms =
-          objective->terms(output, context.on_device(micro[input_count]));
+      if (!objective->from_model()) {
+        phase = AttemptPhase::kLoss;
+        terms = objective->terms(output, target);
+      }
       phase = AttemptPhase::kBackward;
       terms.sum.backward();
       local_loss = local_loss.defined() ? local_loss + terms.sum.detach() : terms.sum.detach();
@@ -762,9 +778,15 @@ void Trainer::State::evaluate() {
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i + 1 < micro.size(); ++i)
         inputs.push_back(context.on_device(micro[i]));
-      at::Tensor output = model->forward(inputs);
       const at::Tensor target = context.on_device(micro[micro.size() - 1]);
-      const Objective::Terms terms = objective->terms(output, target);
+      Objective::Terms terms;
+      at::Tensor output;
+      if (objective->from_model()) {
+        std::tie(terms.sum, terms.weight) = model->forward_loss(inputs, target);
+      } else {
+        output = model->forward(inputs);
+        terms = objective->terms(output, target);
+      }
       totals[0] += terms.sum.item<double>();
       totals[2] += terms.weight.item<double>();
       if (objective->classification())

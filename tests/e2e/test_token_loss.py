@@ -45,6 +45,33 @@ class Multilabel(torch.nn.Module):
         return self.out(torch.tanh(self.a(x)))
 
 
+class WeightedLoss(torch.nn.Module):
+    """--loss model: forward(x, y) returns (sum of weighted row losses, sum of weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.out = torch.nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        logits = self.out(torch.tanh(self.a(x)))
+        w = 1.0 + torch.remainder(y, 3).to(torch.float32)
+        return (w * F.cross_entropy(logits, y, reduction="none")).sum(), w.sum()
+
+
+class LogitsAndHidden(torch.nn.Module):
+    """Returns a tuple whose first element is the output, as many models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.out = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.out(h), h
+
+
 def full_batch_steps(model_path, x, y, global_batch, steps, lr, loss):
     """PyTorch's step on whole global batches: plain SGD on the mean over counted items."""
     model = torch.jit.load(model_path)
@@ -53,9 +80,14 @@ def full_batch_steps(model_path, x, y, global_batch, steps, lr, loss):
         rows = slice(step * global_batch, (step + 1) * global_batch)
         xb, yb = torch.from_numpy(x[rows]), torch.from_numpy(y[rows])
         opt.zero_grad()
-        out = model(xb)
+        out = model(xb) if loss != "model" else None
+        if isinstance(out, tuple):
+            out = out[0]
         if loss == "tokens":
             value = F.cross_entropy(out.reshape(-1, VOCAB), yb.reshape(-1), ignore_index=-100)
+        elif loss == "model":
+            loss_sum, weight = model(xb, yb)
+            value = loss_sum / weight
         else:
             value = F.binary_cross_entropy_with_logits(out, yb)
         value.backward()
@@ -127,6 +159,46 @@ class TokenLoss(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r)
         self.assertIn("binary cross-entropy with logits", r.stdout)
         reference = full_batch_steps(model, x, y, 20, 3, 0.5, "bce")
+        um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
+
+    def test_the_models_own_weighted_loss_is_exact(self):
+        x, y = um.classification_data(60, (8,), 3, seed=12)
+        data = um.write_data(os.path.join(self.dir, "weighted.h5"), x, y, classes=3)
+        torch.manual_seed(3)
+        model = os.path.join(self.dir, "weighted.pt")
+        torch.jit.script(WeightedLoss()).save(model)
+        checkpoint = os.path.join(self.dir, "weighted-ck.h5")
+        r = self.train(3, data, model, "--loss", "model", "--global-batch", 30, "--steps", 2,
+                       "--inject-oom", "rank=2,above=4", "--checkpoint", checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("continue at", r.stdout)
+        self.assertIn("the model's own (loss_sum, weight)", r.stdout)
+        reference = full_batch_steps(model, x, y, 30, 2, 0.5, "model")
+        um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
+        # A model for --loss model that returns a tensor is one line.
+        plain = um.save_scripted(Multilabel(), os.path.join(self.dir, "plain.pt"))
+        r = self.train(2, data, plain, "--loss", "model", "--global-batch", 30, "--steps", 1)
+        self.assert_one_line_error(r, "--loss model", "(loss_sum, weight)")
+
+    def test_a_tuple_output_trains_on_its_first_element(self):
+        rng = np.random.default_rng(9)
+        x = rng.standard_normal((40, 8)).astype(np.float32)
+        y = rng.integers(0, 4, 40).astype(np.int64)
+        data = um.write_data(os.path.join(self.dir, "tuple.h5"), x, y, classes=4)
+        torch.manual_seed(4)
+        model = os.path.join(self.dir, "tuple.pt")
+        torch.jit.script(LogitsAndHidden()).save(model)
+        checkpoint = os.path.join(self.dir, "tuple-ck.h5")
+        r = self.train(2, data, model, "--global-batch", 20, "--steps", 2, "--checkpoint",
+                       checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        reference = torch.jit.load(model)
+        opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+        for step in range(2):
+            xb, yb = (torch.from_numpy(a[step * 20:(step + 1) * 20]) for a in (x, y))
+            opt.zero_grad()
+            F.cross_entropy(reference(xb)[0], yb).backward()
+            opt.step()
         um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
 
     def assert_one_line_error(self, r, *needles):

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import time
 import unittest
+from typing import Dict
 
 import h5py
 import numpy as np
@@ -197,14 +198,13 @@ class UserModels(unittest.TestCase):
             def forward(self, x, z):
                 return self.fc(x + z)
 
-        class Pair(torch.nn.Module):
+        class Named(torch.nn.Module):
             def __init__(self):
                 super().__init__()
                 self.fc = torch.nn.Linear(8, 3)
 
-            def forward(self, x):
-                y = self.fc(x)
-                return y, y
+            def forward(self, x) -> Dict[str, torch.Tensor]:
+                return {"scores": self.fc(x)}
 
         class FiveClasses(torch.nn.Module):
             def __init__(self):
@@ -217,7 +217,7 @@ class UserModels(unittest.TestCase):
         cases = [
             (WrongWidth, ["wrong.pt", "x [2, 8]", "shapes cannot be multiplied"]),
             (TwoInputs, ["two.pt", "argument"]),
-            (Pair, ["pair.pt", "Tuple", "one tensor"]),
+            (Named, ["named.pt", "GenericDict", "\"logits\""]),
             (FiveClasses, ["five.pt", "[2, 2]", "must be [2, 3] logits"]),
         ]
         for module, needles in cases:

@@ -31,6 +31,11 @@ class Model {
   virtual ~Model() = default;
   // Logits (classification) or predictions (regression) for a micro-batch of inputs.
   virtual at::Tensor forward(const std::vector<at::Tensor>& inputs) = 0;
+  // --loss model: forward(inputs..., targets) returns (loss_sum, weight), two scalars; the
+  // step's loss is sum(loss_sum) / sum(weight) over the global batch. The built-in models have
+  // no loss of their own (UsageError).
+  virtual std::pair<at::Tensor, at::Tensor> forward_loss(const std::vector<at::Tensor>& inputs,
+                                                         const at::Tensor& targets);
   // Names exactly as named_parameters() / named_buffers() give them (dots kept).
   virtual NamedTensors named_parameters() = 0;
   virtual NamedTensors named_buffers() = 0;

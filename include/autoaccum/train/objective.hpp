@@ -23,19 +23,21 @@ using data::shape_text;
 class Objective {
  public:
   enum class Kind {
-    kCrossEntropy,       // int64 labels [rows] (or [rows, T] tokens), logits [rows, (T,) C]
-    kMeanSquaredError,   // float targets, predictions of as many values per row
-    kBinaryCrossEntropy  // float targets in [0, 1], logits of the same shape
+    kCrossEntropy,        // int64 labels [rows] (or [rows, T] tokens), logits [rows, (T,) C]
+    kMeanSquaredError,    // float targets, predictions of as many values per row
+    kBinaryCrossEntropy,  // float targets in [0, 1], logits of the same shape
+    kModel                // the model's forward(inputs..., targets) -> (loss_sum, weight)
   };
 
-  // From --loss (auto | cross-entropy | mse | bce), the target's type and row shape, and the
-  // classes of integer targets. `auto`: integer targets -> cross-entropy, float -> mse. A loss
+  // From --loss (auto | cross-entropy | mse | bce | model), the target's type and row shape, and
+  // the classes of integer targets. `auto`: integer targets -> cross-entropy, float -> mse. A loss
   // that cannot take the targets is a UsageError naming --loss and the dataset.
   static Objective choose(const std::string& loss, const data::FieldSpec& target,
                           std::int64_t classes, std::int64_t ignore_index);
 
   Kind kind() const noexcept { return kind_; }
   bool classification() const noexcept { return kind_ == Kind::kCrossEntropy; }
+  bool from_model() const noexcept { return kind_ == Kind::kModel; }
   bool tokens() const noexcept { return classification() && !target_shape_.empty(); }
   std::int64_t classes() const noexcept { return classes_; }
   std::int64_t ignore_index() const noexcept { return ignore_index_; }
