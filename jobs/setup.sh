@@ -16,7 +16,7 @@ packages=(
   zlib1g-dev
   python3 python3-h5py python3-torch python3-numpy python3-matplotlib
   slurmctld slurmd slurm-client munge
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
 )
 
 missing=()

@@ -38,26 +38,45 @@ int on_root(comm::Communicator& world, const std::function<void()>& work) {
 Command import_command() {
   Command c;
   c.name = "import";
-  c.summary = "Convert a public data set into autoaccum training files (fashion-mnist).";
-  c.usage = "autoaccum import fashion-mnist [--source DIR] --out DIR";
+  c.summary = "Convert a public data set into autoaccum training files (fashion-mnist, text).";
+  c.usage =
+      "autoaccum import fashion-mnist [--source DIR] --out DIR\n"
+      "       autoaccum import text [--context T] --out DIR [FILE|DIR ...]";
   c.options.add_options()("dataset", po::value<std::string>()->required()->value_name("NAME"),
-                          "data set to import: fashion-mnist")(
-      "source",
-      po::value<std::string>()
-          ->default_value("/usr/share/datasets/fashion-mnist")
-          ->value_name("DIR"),
-      "folder with the gzip IDX files (Debian package dataset-fashion-mnist)")(
+                          "data set to import: fashion-mnist, or text (byte-level LM windows)")(
+      "source", po::value<std::string>()->value_name("DIR"),
+      "fashion-mnist: folder with the gzip IDX files (default "
+      "/usr/share/datasets/fashion-mnist, Debian package dataset-fashion-mnist)")(
       "out", po::value<std::string>()->required()->value_name("DIR"),
-      "folder for fashion-mnist-train.h5 and fashion-mnist-test.h5 (created if missing)");
-  c.positional.add("dataset", 1);
+      "folder for the files written (created if missing)")(
+      "context", po::value<std::int64_t>()->default_value(128)->value_name("T"),
+      "text: tokens (bytes) per window")(
+      "files", po::value<std::vector<std::string>>()->value_name("FILE|DIR"),
+      "text: files or folders to read (default /usr/share/games/fortunes, Debian package "
+      "fortunes)");
+  c.positional.add("dataset", 1).add("files", -1);
   c.run = [](const po::variables_map& vm, comm::Communicator& world) {
     return on_root(world, [&] {
       const std::string dataset = vm["dataset"].as<std::string>();
-      if (dataset != "fashion-mnist") {
-        throw UsageError("import: unknown data set '" + dataset + "' (known: fashion-mnist)");
+      if (dataset == "text") {
+        data::TextOptions o;
+        o.out_dir = vm["out"].as<std::string>();
+        o.context = vm["context"].as<std::int64_t>();
+        o.sources = vm.count("files") ? vm["files"].as<std::vector<std::string>>()
+                                      : std::vector<std::string>{"/usr/share/games/fortunes"};
+        const auto imported = data::import_text(o);
+        std::cout << "read " << imported.bytes << " bytes; wrote " << imported.paths[0] << ": "
+                  << imported.train_rows << " windows of " << o.context << " bytes, "
+                  << imported.paths[1] << ": " << imported.val_rows
+                  << " (x int64 token ids, y the next byte, 256 classes)" << std::endl;
+        return;
       }
-      for (const auto& path : data::import_fashion_mnist(vm["source"].as<std::string>(),
-                                                         vm["out"].as<std::string>())) {
+      if (dataset != "fashion-mnist") {
+        throw UsageError("import: unknown data set '" + dataset + "' (known: fashion-mnist, text)");
+      }
+      const std::string source =
+          vm.count("source") ? vm["source"].as<std::string>() : "/usr/share/datasets/fashion-mnist";
+      for (const auto& path : data::import_fashion_mnist(source, vm["out"].as<std::string>())) {
         data::SlabReader check({path}, {"x"}, "y");
         std::cout << "wrote " << path << ": " << check.schema().rows << " rows, "
                   << *check.schema().num_classes << " classes" << std::endl;
@@ -142,6 +161,23 @@ Command inspect_command() {
                 << vm["inputs"].as<std::string>() << ", target " << schema.target().name;
       if (schema.num_classes) std::cout << ", " << *schema.num_classes << " classes";
       std::cout << std::endl;
+      // What the model will receive, per dataset (docs/data-format.md).
+      for (std::size_t i = 0; i + 1 < schema.fields.size(); ++i) {
+        const auto& field = schema.fields[i];
+        const char* meaning = field.type == data::FieldType::kUInt8
+                                  ? "uint8 image, scaled to float32 in [0, 1] (x / 255)"
+                              : field.type == data::FieldType::kInt64
+                                  ? "int64 token ids, passed unscaled"
+                                  : "float32, passed as stored";
+        std::cout << "  input " << field.name << ": " << meaning << std::endl;
+      }
+      const auto& target = schema.target();
+      std::cout << "  target " << target.name << ": "
+                << (target.type != data::FieldType::kInt64 ? "float32 values (loss auto: mse)"
+                    : target.row_shape.empty()
+                        ? "int64 class labels per row (loss auto: cross-entropy)"
+                        : "int64 token labels per position (loss auto: cross-entropy per token)")
+                << std::endl;
     });
   };
   return c;

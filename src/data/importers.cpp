@@ -1,12 +1,16 @@
 // Importers: IDX (gzip through zlib) to HDF5, and a seeded synthetic classification set.
 #include "autoaccum/data/importers.hpp"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/splitmix.hpp"
@@ -150,6 +154,106 @@ std::vector<std::string> import_fashion_mnist(const std::string& source_dir,
     written.push_back(out);
   }
   return written;
+}
+
+namespace {
+
+bool skipped_text_file(const std::string& name) {
+  const auto ends = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return name.empty() || name[0] == '.' || ends(".dat") || ends(".u8");
+}
+
+std::vector<std::string> text_files(const std::vector<std::string>& sources) {
+  std::vector<std::string> files;
+  for (const auto& source : sources) {
+    struct stat info {};
+    if (stat(source.c_str(), &info) != 0)
+      throw InputError("import text: '" + source + "' does not exist");
+    if (!S_ISDIR(info.st_mode)) {
+      files.push_back(source);
+      continue;
+    }
+    std::vector<std::string> inside;
+    if (DIR* listing = opendir(source.c_str())) {
+      while (const dirent* entry = readdir(listing)) {
+        const std::string name = entry->d_name;
+        const std::string path = source + "/" + name;
+        struct stat item {};
+        // lstat: links (fortunes' .u8 files point at the plain ones) would count a file twice.
+        if (skipped_text_file(name) || lstat(path.c_str(), &item) != 0 || !S_ISREG(item.st_mode))
+          continue;
+        inside.push_back(path);
+      }
+      closedir(listing);
+    }
+    std::sort(inside.begin(), inside.end());
+    if (inside.empty()) throw InputError("import text: folder '" + source + "' has no text files");
+    files.insert(files.end(), inside.begin(), inside.end());
+  }
+  return files;
+}
+
+void write_windows(const std::string& path, const std::vector<std::uint8_t>& bytes,
+                   std::int64_t first_window, std::int64_t windows, std::int64_t context,
+                   const std::string& source) {
+  std::vector<std::int64_t> x(static_cast<std::size_t>(windows * context));
+  std::vector<std::int64_t> y(x.size());
+  for (std::int64_t w = 0; w < windows; ++w) {
+    const std::int64_t start = (first_window + w) * context;
+    for (std::int64_t t = 0; t < context; ++t) {
+      x[static_cast<std::size_t>(w * context + t)] = bytes[static_cast<std::size_t>(start + t)];
+      y[static_cast<std::size_t>(w * context + t)] = bytes[static_cast<std::size_t>(start + t + 1)];
+    }
+  }
+  write_atomically(path, [&](const std::string& temporary) {
+    auto file = hdf5::File::create(temporary);
+    file.create_dataset("x", hdf5::DType::kInt64, {windows, context})
+        .write_rows(0, windows, hdf5::DType::kInt64, x.data());
+    file.create_dataset("y", hdf5::DType::kInt64, {windows, context})
+        .write_rows(0, windows, hdf5::DType::kInt64, y.data());
+    file.write_attribute("num_classes", std::int64_t{256});
+    file.write_attribute("tokens", std::string("bytes"));
+    file.write_attribute("source", source);
+  });
+}
+
+}  // namespace
+
+TextImport import_text(const TextOptions& o) {
+  if (o.context < 1) throw UsageError("--context must be at least 1");
+  if (!(o.validation_fraction > 0 && o.validation_fraction < 1))
+    throw UsageError("the validation fraction must lie in (0, 1)");
+  std::vector<std::uint8_t> bytes;
+  const auto files = text_files(o.sources);
+  for (const auto& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError("import text: cannot read '" + path + "'");
+    bytes.insert(bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const auto total = static_cast<std::int64_t>(bytes.size());
+  const std::int64_t windows = total > 0 ? (total - 1) / o.context : 0;
+  if (windows < 2) {
+    throw InputError("import text: " + std::to_string(total) + " bytes in " +
+                     std::to_string(files.size()) + " file(s) make fewer than two windows of " +
+                     std::to_string(o.context) + " tokens (--context)");
+  }
+  const std::int64_t val = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(static_cast<double>(windows) * o.validation_fraction));
+  ensure_directory(o.out_dir);
+  TextImport result;
+  result.bytes = total;
+  result.train_rows = windows - val;
+  result.val_rows = val;
+  const std::string source =
+      files.size() == 1 ? files.front()
+                        : files.front() + " (+" + std::to_string(files.size() - 1) + " files)";
+  result.paths = {o.out_dir + "/text-train.h5", o.out_dir + "/text-val.h5"};
+  write_windows(result.paths[0], bytes, 0, result.train_rows, o.context, source);
+  write_windows(result.paths[1], bytes, result.train_rows, val, o.context, source);
+  return result;
 }
 
 void write_synthetic(const SynthOptions& o) {

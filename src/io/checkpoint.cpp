@@ -45,8 +45,27 @@ at::ScalarType scalar_of(hdf5::DType type) {
   }
 }
 
+// Types HDF5 files here do not hold are stored widened (bool as uint8, other integers as int64,
+// half precisions as float32); loading copies them back into the model's own type.
+at::Tensor storable(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kLong:
+    case at::kByte:
+      return tensor;
+    case at::kBool:
+      return tensor.to(at::kByte);
+    case at::kHalf:
+    case at::kBFloat16:
+      return tensor.to(at::kFloat);
+    default:
+      return at::isIntegralType(tensor.scalar_type(), false) ? tensor.to(at::kLong) : tensor;
+  }
+}
+
 void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& tensor) {
-  const at::Tensor t = tensor.detach().contiguous().cpu();
+  const at::Tensor t = storable(tensor.detach().contiguous().cpu());
   std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
   if (shape.empty()) shape = {1};
   const auto type = dtype_of(t, name);

@@ -613,9 +613,9 @@ void Trainer::State::announce() {
   banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
          << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
          << model->describe() << ": " << parameters.describe();
-  if (model_state->buffer_count() > 0) {
-    banner << "; " << model_state->buffer_count() << " buffer(s) (" << model_state->reduce_count()
-           << " values) averaged over the ranks every step";
+  if (model_state->reduce_count() > 0) {
+    banner << "; " << model_state->reduce_count()
+           << " buffer value(s) averaged over the ranks every step";
   }
   banner << "\nautoaccum: loss: " << objective->describe()
          << "\nautoaccum: " << reader->schema().rows << " rows, global batch "

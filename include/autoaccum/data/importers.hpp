@@ -24,6 +24,27 @@ IdxArray read_idx(const std::string& path);
 std::vector<std::string> import_fashion_mnist(const std::string& source_dir,
                                               const std::string& out_dir);
 
+struct TextOptions {
+  std::vector<std::string> sources;  // files, or folders whose plain files are read
+  std::string out_dir;
+  std::int64_t context = 128;         // tokens per window (T)
+  double validation_fraction = 0.05;  // the held-out tail
+};
+struct TextImport {
+  std::vector<std::string> paths;  // text-train.h5, text-val.h5
+  std::int64_t bytes = 0;          // the corpus
+  std::int64_t train_rows = 0, val_rows = 0;
+};
+
+// Byte-level language-model files from text: the sources (in name order, a folder's regular
+// files only: Debian's fortunes folder also holds .dat indexes and .u8 links, which are
+// skipped) are concatenated into one byte stream; window i is x = bytes [iT, iT + T) and
+// y = bytes [iT + 1, iT + T + 1) (the next byte at every position), both int64 [N, T] with
+// num_classes = 256. The last `validation_fraction` of the windows go to text-val.h5. Each file
+// is written to a temporary name and renamed. InputError for a missing source or a corpus
+// shorter than two windows.
+TextImport import_text(const TextOptions& options);
+
 struct SynthOptions {
   std::string out;
   std::int64_t rows = 0;

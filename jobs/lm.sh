@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A byte-level GPT on Debian's fortunes: imports the text into data/ (x, y int64 [N, T]), writes
+# the model with jobs/models/gpt.py, and trains it on 2 ranks under a memory limit that makes the
+# automatic search halve the micro-batch. The loss is cross-entropy per byte over every token of
+# the global batch; the run log goes to runs/. Default run: about 8 minutes on 2 cores.
+#   ./jobs/lm.sh [-n RANKS] [--steps N] [extra train options...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ranks=2
+steps=1500
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -n|--ranks) ranks="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) break ;;
+  esac
+done
+
+./jobs/setup.sh
+cmake --preset default >/dev/null
+cmake --build --preset default -j "$(nproc 2>/dev/null || echo 2)" --target autoaccum
+
+if [[ $(id -u) -eq 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+python=/usr/bin/python3
+[[ -x $python ]] || python=python3
+
+if [[ ! -f data/text-train.h5 || ! -f data/text-val.h5 ]]; then
+  mpirun -np 1 build/autoaccum import text --out data --context 64
+fi
+mkdir -p runs
+model=runs/gpt.pt
+"$python" jobs/models/gpt.py --out "$model" --context 64 --width 64 --layers 2 --heads 4
+
+log="runs/lm-$(date +%Y%m%d-%H%M%S).h5"
+mpirun --oversubscribe -np "$ranks" build/autoaccum train \
+  --data data/text-train.h5 --val-data data/text-val.h5 --model-file "$model" \
+  --global-batch 64 --steps "$steps" --optimizer adamw --lr 0.003 --weight-decay 0.01 \
+  --schedule cosine --warmup-steps 50 --memory-limit 24MiB --eval-every 500 --log-every 100 \
+  --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
+build/autoaccum log "$log"
