@@ -2,18 +2,19 @@
 # A byte-level GPT on Debian's fortunes: imports the text into data/ (x, y int64 [N, T]), writes
 # the model with jobs/models/gpt.py, and trains it on 2 ranks under a memory limit that makes the
 # automatic search halve the micro-batch. The loss is cross-entropy per byte over every token of
-# the global batch; the run log goes to runs/. Default run: about 8 minutes on 2 cores.
+# the global batch; the run log goes to runs/. Default run: about 6 minutes on 2 cores
+# (docs/models.md has its result).
 #   ./jobs/lm.sh [-n RANKS] [--steps N] [extra train options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ranks=2
-steps=1500
+steps=5000
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -39,6 +40,6 @@ log="runs/lm-$(date +%Y%m%d-%H%M%S).h5"
 mpirun --oversubscribe -np "$ranks" build/autoaccum train \
   --data data/text-train.h5 --val-data data/text-val.h5 --model-file "$model" \
   --global-batch 64 --steps "$steps" --optimizer adamw --lr 0.003 --weight-decay 0.01 \
-  --schedule cosine --warmup-steps 50 --memory-limit 24MiB --eval-every 500 --log-every 100 \
+  --schedule cosine --warmup-steps 50 --memory-limit 24MiB --eval-every 1000 --log-every 100 \
   --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
 build/autoaccum log "$log"

@@ -175,6 +175,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
           type = FieldType::kUInt8;
           break;
         case hdf5::DType::kInt64:
+        case hdf5::DType::kInt32:  // read as int64: HDF5 converts, the fast path steps aside
           type = FieldType::kInt64;  // inputs: token ids, passed to the model unscaled
           break;
         case hdf5::DType::kFloat32:
@@ -183,7 +184,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
         default:
           throw InputError(where(path, name) + " has unsupported type " + dataset.dtype_name() +
                            (is_target ? "; targets must be int64 or float32"
-                                      : "; inputs must be uint8, int64 or float32"));
+                                      : "; inputs must be uint8, int32, int64 or float32"));
       }
       FieldSpec spec{name, type, std::vector<std::int64_t>(shape.begin() + 1, shape.end()),
                      is_target};

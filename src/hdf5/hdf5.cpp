@@ -89,6 +89,8 @@ std::string to_string(DType type) {
       return "float32";
     case DType::kFloat64:
       return "float64";
+    case DType::kInt32:
+      return "int32";
     case DType::kOther:
       return "other";
   }
@@ -105,6 +107,8 @@ hid_t native_type(DType type) {
       return H5T_NATIVE_FLOAT;
     case DType::kFloat64:
       return H5T_NATIVE_DOUBLE;
+    case DType::kInt32:
+      return H5T_NATIVE_INT32;
     case DType::kOther:
       break;
   }
@@ -470,6 +474,7 @@ DType Dataset::dtype() const {
     const bool is_signed = H5Tget_sign(type.id()) == H5T_SGN_2;
     if (!is_signed && size == 1) return DType::kUInt8;
     if (is_signed && size == 8) return DType::kInt64;
+    if (is_signed && size == 4) return DType::kInt32;
   } else if (type_class == H5T_FLOAT) {
     if (size == 4) return DType::kFloat32;
     if (size == 8) return DType::kFloat64;

@@ -168,6 +168,29 @@ TEST_F(Files, LengthsDiffer) {
   EXPECT_NE(message.find("'x' has 10 rows but 'y' has 9"), std::string::npos) << message;
 }
 
+TEST_F(Files, TokenIdsOfInt32OrInt64ReachTheModelAsInt64Unscaled) {
+  const std::vector<std::int32_t> x32 = {1, 2, 3, 250, 251, 252, 7, 8, 9, 10, 11, 12};
+  const std::vector<std::int64_t> y = {2, 3, -100, 251, 252, 7, 8, 9, -100, 11, 12, 13};
+  {
+    auto file = hdf5::File::create(path("tokens.h5"));
+    file.create_dataset("x", hdf5::DType::kInt32, {4, 3})
+        .write_rows(0, 4, hdf5::DType::kInt32, x32.data());
+    file.create_dataset("y", hdf5::DType::kInt64, {4, 3})
+        .write_rows(0, 4, hdf5::DType::kInt64, y.data());
+  }
+  SlabReader reader({path("tokens.h5")}, {"x"}, "y");
+  EXPECT_EQ(reader.schema().fields[0].type, FieldType::kInt64);
+  EXPECT_EQ(reader.schema().max_label, 252) << "-100 (ignored) is not a label";
+  EXPECT_EQ(*reader.schema().num_classes, 253);
+  const Batch batch = reader.read(1, 4);
+  ASSERT_EQ(batch[0].scalar_type(), at::kLong);
+  EXPECT_EQ(batch[0].sizes(), (std::vector<std::int64_t>{3, 3}));
+  for (std::int64_t i = 0; i < 9; ++i) {
+    EXPECT_EQ(batch[0].reshape({-1})[i].item<std::int64_t>(), x32[static_cast<std::size_t>(3 + i)]);
+    EXPECT_EQ(batch[1].reshape({-1})[i].item<std::int64_t>(), y[static_cast<std::size_t>(3 + i)]);
+  }
+}
+
 TEST_F(Files, UnsupportedDtype) {
   {
     auto file = hdf5::File::create(path("double.h5"));
