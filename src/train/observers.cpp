@@ -122,8 +122,8 @@ void ProgressObserver::on_eval(const EvalEvent& event) {
                   static_cast<long long>(event.step), event.loss, event.accuracy,
                   static_cast<long long>(event.rows));
   } else {
-    std::snprintf(line, sizeof line, "eval  step %lld  mse %.6f  (%lld rows)",
-                  static_cast<long long>(event.step), event.loss,
+    std::snprintf(line, sizeof line, "eval  step %lld  loss %.6f per %s  (%lld rows)",
+                  static_cast<long long>(event.step), event.loss, event.unit.c_str(),
                   static_cast<long long>(event.rows));
   }
   std::cout << line << std::endl;
