@@ -3,6 +3,7 @@
 
 #include <torch/script.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -87,10 +88,23 @@ class ModuleModel final : public Model {
 class ScriptModel final : public Model {
  public:
   explicit ScriptModel(const std::string& path) : path_(path) {
+    if (access(path.c_str(), F_OK) != 0)
+      throw InputError("--model-file '" + path + "' does not exist");
+    if (access(path.c_str(), R_OK) != 0)
+      throw InputError("--model-file '" + path + "' is not readable (permissions)");
     try {
       module_ = torch::jit::load(path);
     } catch (const c10::Error& e) {
-      throw InputError("--model-file '" + path + "' is not a TorchScript module: " + e.msg());
+      const std::string text = e.what_without_backtrace();
+      // torch.save() writes a pickled module or state dict, which LibTorch cannot run.
+      if (text.find("constants.pkl") != std::string::npos) {
+        throw InputError("--model-file '" + path +
+                         "' was saved with torch.save(), not as TorchScript: save it with "
+                         "torch.jit.script(model).save('" +
+                         path + "') (docs/models.md)");
+      }
+      throw InputError("--model-file '" + path +
+                       "' is not a TorchScript module: " + torch_error_summary(e));
     }
   }
   // A tensor; or a tuple whose first element is the output; or a dict with key "logits" (as

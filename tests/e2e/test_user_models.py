@@ -226,6 +226,15 @@ class UserModels(unittest.TestCase):
                 r = self.train(2, model, self.data, "--global-batch", 48, "--steps", 1)
                 self.assert_one_line_error(r, self.data, *needles)
 
+    def test_a_model_file_that_is_missing_or_not_torchscript_is_one_line(self):
+        pickled = self.path("pickled.pt")
+        torch.save(um.Tied(), pickled)
+        r = self.train(2, pickled, self.data, "--global-batch", 48, "--steps", 1)
+        self.assert_one_line_error(r, pickled, "torch.save()", "torch.jit.script(model).save(")
+        missing = self.path("missing.pt")
+        r = self.train(2, missing, self.data, "--global-batch", 48, "--steps", 1)
+        self.assert_one_line_error(r, missing, "does not exist")
+
     def test_validation_labels_outside_the_training_classes_fail_at_start(self):
         model = um.save_scripted(um.Tied, self.path("tied-val.pt"))
         x, y = um.classification_data(20, (8,), 5, seed=3)
