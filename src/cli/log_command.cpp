@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -36,6 +37,17 @@ std::string number(double v, const char* format = "%.4g") {
   if (std::isnan(v)) return "-";
   char text[64];
   std::snprintf(text, sizeof text, format, v);
+  return text;
+}
+
+// The shortest text that reads back as exactly `v` (0.05, not 0.050000000000000003).
+std::string exact_number(double v) {
+  if (std::isnan(v)) return "-";
+  char text[64];
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, v);
+    if (std::strtod(text, nullptr) == v) break;
+  }
   return text;
 }
 
@@ -195,7 +207,7 @@ void print_csv(const RunLogData& log, const std::string& group, std::ostream& ou
   for (std::size_t r = 0; r < rows; ++r) {
     for (std::size_t c = 0; c < columns.size(); ++c) {
       const double v = r < columns[c].values.size() ? columns[c].values[r] : std::nan("");
-      out << (c ? "," : "") << (columns[c].integer ? integer(v) : number(v, "%.17g"));
+      out << (c ? "," : "") << (columns[c].integer ? integer(v) : exact_number(v));
     }
     if (group == "ranks") out << "," << (r < log.hostnames.size() ? log.hostnames[r] : "");
     out << "\n";
@@ -241,8 +253,20 @@ Command log_command() {
       if (world.rank() != 0) return;
       const auto paths = vm["logs"].as<std::vector<std::string>>();
       std::vector<RunLogData> logs;
-      for (const auto& p : paths)
-        logs.push_back(io::read_run_log(p));
+      // Comparing several: a log that cannot be read is named and left out, not fatal.
+      for (const auto& p : paths) {
+        if (paths.size() == 1 || vm.count("csv")) {
+          logs.push_back(io::read_run_log(p));
+          continue;
+        }
+        try {
+          logs.push_back(io::read_run_log(p));
+        } catch (const Error& e) {
+          std::cerr << "autoaccum log: skipping " << e.what() << std::endl;
+        }
+      }
+      if (logs.empty())
+        throw InputError("none of the " + std::to_string(paths.size()) + " run logs could be read");
       std::ostringstream out;
       if (vm.count("csv")) {
         if (logs.size() != 1) throw UsageError("--csv takes exactly one run log");

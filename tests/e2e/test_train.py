@@ -142,6 +142,8 @@ class RunLogEndToEnd(Run):
             np.testing.assert_array_equal(parsed, values.astype(float), column)
         oom = list(csv.DictReader(io.StringIO(autoaccum(1, "log", log, "--csv", "oom").stdout)))
         self.assertEqual([int(r["rank"]) for r in oom], [1, 1])
+        # The shortest text that reads back exactly: the learning rate 0.05 prints as 0.05.
+        self.assertEqual(rows[0]["lr"], "0.05", rows[0])
 
     def test_comparison_table_for_several_logs(self):
         logs = []
@@ -149,12 +151,17 @@ class RunLogEndToEnd(Run):
             logs.append(self.path(f"sweep-{batch}.h5"))
             r = self.train(2, "--global-batch", batch, "--steps", 4, "--run-log", logs[-1])
             self.assertEqual(r.returncode, 0, r)
-        table = autoaccum(1, "log", *logs)
+        missing = self.path("never-written.h5")
+        table = autoaccum(1, "log", logs[0], missing, logs[1])
         self.assertEqual(table.returncode, 0, table)
         lines = table.stdout.splitlines()
         self.assertEqual(len(lines), 3, table)
         self.assertIn("sweep-100.h5", lines[1])
         self.assertIn("sweep-200.h5", lines[2])
+        self.assertIn("skipping", table.stderr)
+        self.assertIn(missing, table.stderr)
+        r = autoaccum(1, "log", missing, self.path("also-missing.h5"))
+        self.assertEqual(r.returncode, 1, r)
 
     def test_oom_at_micro_batch_one_exits_3_on_every_rank(self):
         log = self.path("fail.h5")
