@@ -175,7 +175,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
           type = FieldType::kUInt8;
           break;
         case hdf5::DType::kInt64:
-        case hdf5::DType::kInt32:  // read as int64: HDF5 converts, the fast path steps aside
+        case hdf5::DType::kInt32:    // read as int64: HDF5 converts, the fast path steps aside
           type = FieldType::kInt64;  // inputs: token ids, passed to the model unscaled
           break;
         case hdf5::DType::kFloat32:

@@ -28,6 +28,7 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/evaluation.hpp"
 #include "autoaccum/train/micro_batch.hpp"
 #include "autoaccum/train/model_state.hpp"
 #include "autoaccum/train/objective.hpp"
@@ -758,56 +759,12 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome, std::int64_
 
 void Trainer::State::evaluate() {
   if (!val_reader) return;
-  torch::NoGradGuard no_grad;
-  model->set_training(false);
-  struct TrainAgain {
-    Model& model;
-    ~TrainAgain() { model.set_training(true); }
-  } train_again{*model};
-  const data::RowRange part = data::BatchPlan::rank_part(val_reader->schema().rows, world, rank);
-  std::int64_t m = options.eval_micro_batch > 0
-                       ? options.eval_micro_batch
-                       : std::max<std::int64_t>(policy->current() * 4, 256);
-  double totals[4] = {0, 0, 0, 0};  // loss sum, correct, counted items, rows
-  // Evaluation has no collective inside, so each rank halves on its own after an OOM. Each
-  // micro-batch is read as its own slab, so the read also shrinks with m.
-  for (std::int64_t first = part.begin; first < part.end;) {
-    memory::OomWatch watch;
-    try {
-      const data::Batch micro = val_reader->read(first, std::min(part.end, first + m));
-      std::vector<at::Tensor> inputs;
-      for (std::size_t i = 0; i + 1 < micro.size(); ++i)
-        inputs.push_back(context.on_device(micro[i]));
-      const at::Tensor target = context.on_device(micro[micro.size() - 1]);
-      Objective::Terms terms;
-      at::Tensor output;
-      if (objective->from_model()) {
-        std::tie(terms.sum, terms.weight) = model->forward_loss(inputs, target);
-      } else {
-        output = model->forward(inputs);
-        terms = objective->terms(output, target);
-      }
-      totals[0] += terms.sum.item<double>();
-      totals[2] += terms.weight.item<double>();
-      if (objective->classification())
-        totals[1] += objective->correct(output, target).item<double>();
-      totals[3] += static_cast<double>(micro.rows());
-      first += micro.rows();
-    } catch (const std::exception& e) {
-      if (!watch.explains(e) || m == 1) throw;
-      m = std::max<std::int64_t>(m / 2, 1);
-      memory::release_cached_memory();
-    }
-  }
-  comm.allreduce_sum_host(totals, 4);
-  EvalEvent event;
-  event.step = step;
-  event.rows = static_cast<std::int64_t>(totals[3]);
-  event.counted = static_cast<std::int64_t>(totals[2]);
-  event.unit = objective->unit();
-  event.loss = totals[0] / std::max(totals[2], 1.0);
-  event.classification = objective->classification();
-  event.accuracy = event.classification ? totals[1] / std::max(totals[2], 1.0) : std::nan("");
+  const std::int64_t m = options.eval_micro_batch > 0
+                             ? options.eval_micro_batch
+                             : std::max<std::int64_t>(policy->current() * 4, 256);
+  const EvalEvent event =
+      train::evaluate(*model, *objective, *val_reader, comm, m, step,
+                      [this](const at::Tensor& t) { return context.on_device(t); });
   result.eval_loss = event.loss;
   result.eval_accuracy =
       event.classification ? std::optional<double>(event.accuracy) : std::nullopt;

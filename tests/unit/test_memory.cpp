@@ -105,8 +105,9 @@ TEST(Detection, RecognisesOutOfMemoryMessages) {
 TEST(Detection, ARefusalExplainsAnErrorThatLostItsType) {
   install_cpu_budget(0);
   install_cpu_budget(cpu_live_bytes() + (1 << 20));
-  const std::runtime_error rethrown("The following operation failed in the TorchScript "
-                                    "interpreter.\nRuntimeError: something");
+  const std::runtime_error rethrown(
+      "The following operation failed in the TorchScript "
+      "interpreter.\nRuntimeError: something");
   {
     OomWatch watch;
     EXPECT_FALSE(watch.refused());
