@@ -24,7 +24,7 @@ runuser -u munge -- munged --key-file="$dir/munge/munge.key" --socket="$dir/mung
   --seed-file="$dir/munge/munged.seed"
 
 host=$(hostname -s)
-node=$(slurmd -C | head -1 | sed -E 's/RealMemory=[0-9]+/RealMemory=1024/')
+node=$(slurmd -C | head -1 | sed -E 's/RealMemory=[0-9]+/RealMemory=1024/; s/^(NodeName=[^ ]+)/\1 NodeAddr=127.0.0.1/')
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=autoaccum-ci
 SlurmctldHost=${host}(127.0.0.1)

@@ -17,6 +17,7 @@
 
 #include "autoaccum/cli/app.hpp"
 #include "autoaccum/comm/nccl_communicator.hpp"
+#include "autoaccum/memory/memory.hpp"
 #include "autoaccum/version.hpp"
 
 namespace autoaccum::cli {
@@ -81,7 +82,9 @@ std::vector<std::string> version_lines() {
                                               : std::string("not built");
   return {
       std::string("autoaccum ") + kVersion + " (" + kBuildType + ")",
-      std::string("LibTorch  ") + TORCH_VERSION + (kWithCuda ? " (CUDA)" : " (CPU)") +
+      std::string("LibTorch  ") + TORCH_VERSION +
+          (kWithCuda ? " (CUDA, GPUs visible: " + std::to_string(memory::cuda_device_count()) + ")"
+                     : std::string(" (CPU)")) +
           ", intra-op threads " + std::to_string(at::get_num_threads()),
       "BLAS      " + loaded_blas(),
       "MPI       " + mpi_library(),

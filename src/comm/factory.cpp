@@ -30,7 +30,12 @@ std::string_view to_string(Backend backend) {
 
 std::unique_ptr<Communicator> make_communicator(Backend backend, MemoryKind buffers) {
   if (backend == Backend::kAuto) {
-    backend = (buffers == MemoryKind::kDevice && nccl_built()) ? Backend::kNccl : Backend::kMpi;
+    if (buffers == MemoryKind::kDevice && !nccl_built()) {
+      throw UsageError(
+          "--device cuda needs the NCCL communicator, and this build has none (configure with the "
+          "CUDA toolkit and NCCL found: NCCL_HOME or -DNCCL_LIBRARY; see docs/gpu.md)");
+    }
+    backend = buffers == MemoryKind::kDevice ? Backend::kNccl : Backend::kMpi;
   }
   if (backend == Backend::kNccl) {
     if (buffers == MemoryKind::kHost) {

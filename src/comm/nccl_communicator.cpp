@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <vector>
 #endif
@@ -23,16 +24,59 @@ namespace autoaccum::comm {
 
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;          // NCCL's own
+  cudaStream_t compute_stream = nullptr;  // the model's; nullptr: the legacy default stream
+  cudaEvent_t produced = nullptr;         // recorded on the compute stream before a collective
+  cudaEvent_t reduced = nullptr;          // recorded on NCCL's stream after it
   int device = -1;
   std::chrono::milliseconds timeout{0};
   bool aborted = false;
+
+  void abort() noexcept {
+    if (comm && !aborted) ncclCommAbort(comm);
+    aborted = true;
+  }
 };
 
 namespace {
 
 std::string nccl_text(ncclResult_t result) {
   return ncclGetErrorString(result);
+}
+
+// NCCL allocates device buffers of its own (at initialisation and at the first collective of
+// each kind). A failure there is memory, not the network: it says so and ends with the
+// out-of-memory exit code.
+bool nccl_ran_out_of_memory(ncclComm_t comm, ncclResult_t result) {
+  if (result != ncclUnhandledCudaError && result != ncclSystemError) return false;
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  const std::string text = last ? last : "";
+  return text.find("out of memory") != std::string::npos ||
+         cudaPeekAtLastError() == cudaErrorMemoryAllocation;
+}
+
+void release_cuda_handles(NcclCommunicator::Impl& impl) noexcept {
+  if (impl.produced) cudaEventDestroy(impl.produced);
+  if (impl.reduced) cudaEventDestroy(impl.reduced);
+  if (impl.stream) cudaStreamDestroy(impl.stream);
+  impl.produced = impl.reduced = nullptr;
+  impl.stream = nullptr;
+}
+
+[[noreturn]] void throw_nccl_failure(NcclCommunicator::Impl& impl, const char* what, int rank,
+                                     ncclResult_t bad) {
+  const bool memory = nccl_ran_out_of_memory(impl.comm, bad);
+  const char* last = impl.comm ? ncclGetLastError(impl.comm) : nullptr;
+  const std::string detail = last && *last ? std::string(" (") + last + ")" : std::string();
+  impl.abort();
+  if (memory) {
+    throw Error("rank " + std::to_string(rank) + ": " + what +
+                    ": NCCL ran out of GPU memory for its own buffers" + detail +
+                    "; lower --memory-limit so that NCCL's buffers fit beside it",
+                ExitCode::kOutOfMemory);
+  }
+  throw CommError("rank " + std::to_string(rank) + ": " + what + " failed: " + nccl_text(bad) +
+                  detail);
 }
 
 // Waits until `done()` or NCCL reports an error; aborts the communicator past the timeout so a
@@ -45,14 +89,10 @@ void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done don
     ncclResult_t state = ncclSuccess;
     const ncclResult_t query = ncclCommGetAsyncError(impl.comm, &state);
     if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-      const ncclResult_t bad = query != ncclSuccess ? query : state;
-      ncclCommAbort(impl.comm);
-      impl.aborted = true;
-      throw CommError("rank " + std::to_string(rank) + ": " + what + " failed: " + nccl_text(bad));
+      throw_nccl_failure(impl, what, rank, query != ncclSuccess ? query : state);
     }
     if (std::chrono::steady_clock::now() - start > impl.timeout) {
-      ncclCommAbort(impl.comm);
-      impl.aborted = true;
+      impl.abort();
       throw CommError("rank " + std::to_string(rank) + ": " + what + " did not complete within " +
                       std::to_string(impl.timeout.count()) +
                       " ms; the NCCL communicator was aborted (a peer rank may have died)");
@@ -117,7 +157,9 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
 
   std::string setup_problem;
   if (cudaSetDevice(impl_->device) != cudaSuccess ||
-      cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreateWithFlags(&impl_->produced, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&impl_->reduced, cudaEventDisableTiming) != cudaSuccess) {
     setup_problem = "cannot use CUDA device " + std::to_string(impl_->device) + ": " +
                     cudaGetErrorString(cudaGetLastError());
   }
@@ -137,7 +179,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
   control_->broadcast(&bootstrap, sizeof bootstrap, 0);
   if (!bootstrap.ok && setup_problem.empty()) setup_problem = "rank 0 could not make an NCCL id";
   if (auto failure = agree_on_failure(*control_, setup_problem)) {
-    if (impl_->stream) cudaStreamDestroy(impl_->stream);
+    release_cuda_handles(*impl_);
     throw CommError("NCCL set-up failed on rank " + std::to_string(failure->rank) + ": " +
                     failure->message);
   }
@@ -162,9 +204,9 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
     }
   }
   if (auto failure = agree_on_failure(*control_, init_problem)) {
-    if (impl_->comm && !impl_->aborted) ncclCommAbort(impl_->comm);
+    impl_->abort();
     impl_->comm = nullptr;
-    cudaStreamDestroy(impl_->stream);
+    release_cuda_handles(*impl_);
     throw CommError("NCCL communicator initialisation failed on rank " +
                     std::to_string(failure->rank) + ": " + failure->message);
   }
@@ -173,10 +215,24 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
 NcclCommunicator::~NcclCommunicator() {
   if (!impl_) return;
   if (impl_->comm && !impl_->aborted) {
-    if (cudaSetDevice(impl_->device) == cudaSuccess) cudaStreamSynchronize(impl_->stream);
-    ncclCommDestroy(impl_->comm);
+    if (std::uncaught_exceptions() > 0) {
+      // This rank is leaving on an error (its own, or one every rank agreed on): the others may
+      // never join a clean destruction, and spmd_main's MPI_Abort must not wait behind it.
+      impl_->abort();
+    } else {
+      if (cudaSetDevice(impl_->device) == cudaSuccess) cudaStreamSynchronize(impl_->stream);
+      ncclCommDestroy(impl_->comm);
+    }
   }
-  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+  release_cuda_handles(*impl_);
+}
+
+void NcclCommunicator::abort() noexcept {
+  if (impl_) impl_->abort();
+}
+
+void NcclCommunicator::set_compute_stream(void* stream) noexcept {
+  impl_->compute_stream = static_cast<cudaStream_t>(stream);
 }
 
 namespace {
@@ -186,18 +242,43 @@ void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::s
   if (impl.aborted)
     throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
   if (count == 0) return;
+  const auto cuda_check = [&](cudaError_t status, const char* call) {
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw CommError("rank " + std::to_string(rank) + ": " + call +
+                      " around ncclAllReduce failed: " + cudaGetErrorString(status));
+    }
+  };
+  // NCCL's stream starts after what the model's stream has queued (the backward pass that
+  // wrote the buffer), on the device: no host synchronisation.
+  cuda_check(cudaEventRecord(impl.produced, impl.compute_stream), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(impl.stream, impl.produced, 0), "cudaStreamWaitEvent");
   const ncclResult_t issued =
       ncclAllReduce(data, data, count, type, ncclSum, impl.comm, impl.stream);
   if (issued != ncclSuccess && issued != ncclInProgress) {
-    throw CommError("rank " + std::to_string(rank) +
-                    ": ncclAllReduce failed: " + nccl_text(issued));
+    throw_nccl_failure(impl, "ncclAllReduce", rank, issued);
   }
+  // A non-blocking communicator may return ncclInProgress before the work is on the stream: an
+  // event recorded now would precede it. Wait until NCCL says the call is enqueued.
+  if (issued == ncclInProgress) {
+    wait_for(impl, "ncclAllReduce (enqueue)", rank, [&] {
+      ncclResult_t state = ncclInProgress;
+      ncclCommGetAsyncError(impl.comm, &state);
+      return state == ncclSuccess;
+    });
+  }
+  cuda_check(cudaEventRecord(impl.reduced, impl.stream), "cudaEventRecord");
+  // The model's stream reads the reduced buffer only after NCCL wrote it ...
+  cuda_check(cudaStreamWaitEvent(impl.compute_stream, impl.reduced, 0), "cudaStreamWaitEvent");
+  // ... and the host, which reads the agreed flags next, waits on the same event, with the
+  // deadline: a peer that died shows as an event that never completes.
   wait_for(impl, "ncclAllReduce", rank, [&] {
-    const cudaError_t state = cudaStreamQuery(impl.stream);
+    const cudaError_t state = cudaEventQuery(impl.reduced);
     if (state == cudaSuccess) return true;
     if (state != cudaErrorNotReady) {
+      cudaGetLastError();
       throw CommError("rank " + std::to_string(rank) +
-                      ": CUDA stream error during ncclAllReduce: " + cudaGetErrorString(state));
+                      ": CUDA error during ncclAllReduce: " + cudaGetErrorString(state));
     }
     return false;
   });
@@ -254,6 +335,8 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
 }
 
 NcclCommunicator::~NcclCommunicator() = default;
+void NcclCommunicator::abort() noexcept {}
+void NcclCommunicator::set_compute_stream(void*) noexcept {}
 void NcclCommunicator::do_allreduce_sum(float*, std::size_t) {}
 void NcclCommunicator::do_allreduce_sum(double*, std::size_t) {}
 int NcclCommunicator::device() const noexcept {

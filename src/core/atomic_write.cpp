@@ -63,6 +63,26 @@ void write_atomically(const std::string& path,
   }
 }
 
+void write_file(const std::string& path, const void* data, std::size_t size) {
+  const int file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (file < 0) throw InputError("cannot write '" + path + "' (" + std::strerror(errno) + ")");
+  const char* next = static_cast<const char*>(data);
+  std::size_t left = size;
+  while (left > 0) {
+    const ssize_t written = ::write(file, next, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      const std::string reason = written < 0 ? std::strerror(errno) : "nothing written";
+      ::close(file);
+      throw InputError("cannot write '" + path + "' (" + reason + ")");
+    }
+    next += written;
+    left -= static_cast<std::size_t>(written);
+  }
+  if (::close(file) != 0)
+    throw InputError("cannot write '" + path + "' (" + std::strerror(errno) + ")");
+}
+
 std::vector<std::string> remove_stale_temporaries(const std::string& path) {
   const std::string folder = folder_of(path);
   const auto slash = path.rfind('/');

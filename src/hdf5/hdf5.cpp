@@ -136,6 +136,29 @@ File File::create(const std::string& path) {
   return File(path, Handle(id));
 }
 
+File File::create_in_memory(const std::string& name) {
+  ErrorSilencer quiet;
+  Handle access(check(H5Pcreate(H5P_FILE_ACCESS), "cannot create " + quoted(name)));
+  // Grows in 16 MiB steps; nothing is written to disk (backing_store = false).
+  check(H5Pset_fapl_core(access.id(), std::size_t{16} << 20, false),
+        "cannot create " + quoted(name) + " in memory");
+  const hid_t id = H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.id());
+  if (id < 0) fail("cannot create " + quoted(name) + " in memory");
+  return File(name, Handle(id));
+}
+
+std::vector<char> File::close_to_image() {
+  ErrorSilencer quiet;
+  check(H5Fflush(id(), H5F_SCOPE_LOCAL), "cannot finish " + quoted(path_));
+  const ssize_t size = H5Fget_file_image(id(), nullptr, 0);
+  if (size < 0) fail("cannot finish " + quoted(path_));
+  std::vector<char> image(static_cast<std::size_t>(size));
+  if (H5Fget_file_image(id(), image.data(), image.size()) != size)
+    fail("cannot finish " + quoted(path_));
+  close();
+  return image;
+}
+
 namespace {
 
 // Whether `name` in the root group is a dataset; portable across HDF5 1.10 and 1.12+ (whose

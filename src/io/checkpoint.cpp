@@ -99,7 +99,8 @@ std::string previous_checkpoint_path(const std::string& path) {
 
 void write_checkpoint(const std::string& path, const Checkpoint& c) {
   write_atomically(path, [&](const std::string& temporary) {
-    auto file = hdf5::File::create(temporary);
+    // Made in memory and written in one piece: see hdf5::File::create_in_memory.
+    auto file = hdf5::File::create_in_memory(temporary);
     std::vector<std::string> param_names, buffer_names;
     for (const auto& [name, tensor] : c.params) {
       write_tensor(file, "params/" + name, tensor);
@@ -132,7 +133,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("micro_batch", c.micro_batch);
     file.write_attribute("world_size", c.world_size);
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
-    file.close();
+    const std::vector<char> image = file.close_to_image();
+    write_file(temporary, image.data(), image.size());
     // The new one is complete: keep the current one as the previous before it is replaced.
     if (access(path.c_str(), F_OK) == 0 &&
         std::rename(path.c_str(), previous_checkpoint_path(path).c_str()) != 0) {

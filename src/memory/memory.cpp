@@ -14,9 +14,11 @@
 #include <new>
 #include <sstream>
 
+#include "autoaccum/compat/torch_compat.hpp"
 #include "autoaccum/core/error.hpp"
 
 #if AUTOACCUM_HAVE_CUDA
+#include <ATen/Functions.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -33,7 +35,7 @@ thread_local int uncounted_depth = 0;  // > 0: this thread's allocations are hos
 
 class CpuBudget final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) AUTOACCUM_ALLOCATE_CONST override {
     void* block = nullptr;
     if (posix_memalign(&block, kAlignment, std::max<size_t>(bytes, 1)) != 0) {
       refused_.fetch_add(1);
@@ -63,13 +65,21 @@ class CpuBudget final : public c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &CpuBudget::release; }
 
+#if AUTOACCUM_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+
   static void release(void* block) {
     if (!block) return;
     instance().live_.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(block)));
     std::free(block);
   }
 
-  static void release_uncounted(void* block) { std::free(block); }
+  static void release_uncounted(void* block) {
+    std::free(block);
+  }
 
   static CpuBudget& instance() {
     static CpuBudget* budget = new CpuBudget();  // never destroyed: tensors may outlive main
@@ -195,8 +205,25 @@ std::int64_t cuda_total_bytes(int device) {
   return static_cast<std::int64_t>(at::cuda::getDeviceProperties(index(device))->totalGlobalMem);
 }
 
+int cuda_device_count() noexcept {
+  try {
+    return static_cast<int>(c10::cuda::device_count());
+  } catch (...) {
+    return 0;  // no driver
+  }
+}
+
+void* current_cuda_stream() {
+  const int device = cuda_device_in_use.load();
+  if (device < 0) return nullptr;
+  return at::cuda::getCurrentCUDAStream(index(device)).stream();
+}
+
 void use_cuda_device(int device, std::int64_t limit_bytes) {
   c10::cuda::set_device(index(device));
+  // The caching allocator exists only once CUDA is initialised (LibTorch 2.x throws "Allocator
+  // not initialized" otherwise): a first tiny tensor on the device does that in every version.
+  (void)at::empty({1}, at::TensorOptions().device(c10::Device(c10::kCUDA, index(device))));
   // Set every time (1.0 without a limit): the fraction outlives a Trainer in the same process.
   const double total = static_cast<double>(cuda_total_bytes(device));
   const double fraction =
@@ -244,6 +271,12 @@ std::int64_t refused_allocations() noexcept {
   }
 }
 #else
+int cuda_device_count() noexcept {
+  return 0;
+}
+void* current_cuda_stream() {
+  return nullptr;
+}
 std::int64_t cuda_total_bytes(int) {
   throw BackendUnavailable("this build has no CUDA support (see docs/gpu.md)");
 }

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <sstream>
 
+#include "autoaccum/compat/torch_compat.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/step_agreement.hpp"
-#include "torch_compat.hpp"
 
 namespace autoaccum::train {
 namespace {

@@ -230,7 +230,7 @@ void Trainer::State::choose_device() {
   // "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the node-local rank
   // among the visible ones (the NCCL communicator picks the same one); --memory-limit then
   // caps the CUDA caching allocator.
-  const int gpus = memory::cuda_built() ? comm::cuda_device_count() : 0;
+  const int gpus = memory::cuda_device_count();
   const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
   comm::collectively(comm, [&] {
     if (o.device != "cuda") return;
@@ -365,6 +365,8 @@ void Trainer::State::build_model() {
     comm::collectively(comm, [&] {
       context.gradient_comm =
           comm::make_communicator(comm::parse_backend(options.backend), comm::MemoryKind::kDevice);
+      if (auto* nccl = dynamic_cast<comm::NcclCommunicator*>(context.gradient_comm.get()))
+        nccl->set_compute_stream(memory::current_cuda_stream());
     });
   }
   // A file saved after model.eval() would otherwise train with dropout off and BatchNorm frozen.
@@ -469,6 +471,16 @@ void Trainer::State::allocate_step_state() {
     }
   });
   control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
+  if (context.gradient_comm) {
+    // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
+    // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
+    // for them stops here with an out-of-memory message, before the first step.
+    comm::collectively(comm, [&] {
+      reduce->all().zero_();
+      reduce_comm().allreduce_sum(reduce->all().data_ptr<float>(),
+                                  static_cast<std::size_t>(reduce->all().numel()));
+    });
+  }
 }
 
 void Trainer::State::resume() {
@@ -704,7 +716,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         .copy_(local_weight.reshape({1}));
   }
 
-  memory::synchronize_device();  // NCCL runs on its own stream (timed apart: it waits for backward)
+  // On a GPU, NCCL's stream waits for the backward pass through an event: the time below
+  // includes backward kernels still queued.
   const auto reduce_start = Clock::now();
   reduce_comm().allreduce_sum(reduce->all().data_ptr<float>(),
                               static_cast<std::size_t>(reduce->all().numel()));

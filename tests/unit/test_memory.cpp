@@ -112,7 +112,7 @@ TEST(Detection, ARefusalExplainsAnErrorThatLostItsType) {
     OomWatch watch;
     EXPECT_FALSE(watch.refused());
     EXPECT_FALSE(watch.explains(rethrown)) << "no refusal yet: a plain error is not an OOM";
-    EXPECT_FALSE(watch.explains(c10::Error("shape mismatch", "")));
+    EXPECT_FALSE(watch.explains(c10::Error({__func__, __FILE__, __LINE__}, "shape mismatch")));
   }
   OomWatch watch;
   const std::int64_t before = refused_allocations();

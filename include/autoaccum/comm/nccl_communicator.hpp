@@ -14,7 +14,9 @@ namespace autoaccum::comm {
 // missing GPU raises BackendUnavailable on every rank together); rank 0 makes the ncclUniqueId,
 // MPI_Bcast sends it; each rank takes the GPU numbered by its node-local rank; then
 // ncclCommInitRank. Waits poll ncclCommGetAsyncError and abort the communicator after `timeout`
-// instead of hanging. Flags, broadcast and barrier go through `control` (host memory).
+// instead of hanging. Flags, broadcast and barrier go through `control` (host memory). NCCL
+// running out of GPU memory for its own buffers is an Error with the out-of-memory exit code,
+// not a CommError.
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
@@ -40,10 +42,17 @@ class NcclCommunicator final : public Communicator {
   void broadcast(void* data, std::size_t bytes, int root) override;
   void barrier() override;
 
-  // The CUDA device this rank uses and the stream (a cudaStream_t) collectives run on. A caller
-  // that produced the buffer on another stream must order it before the all-reduce.
+  // The CUDA device this rank uses and the stream (a cudaStream_t) collectives run on.
   int device() const noexcept;
   void* stream() const noexcept;
+  // The stream (a cudaStream_t) that writes the buffers before a collective and reads them
+  // after: each all-reduce starts after the work queued on it (an event, not a device
+  // synchronisation) and the work queued on it later starts after the all-reduce. Default
+  // nullptr: the legacy default stream, LibTorch's default stream.
+  void set_compute_stream(void* stream) noexcept;
+  // Aborts the communicator without waiting for the other ranks (ncclCommAbort): for a rank
+  // that leaves on its own error. The destructor does this itself while an exception unwinds.
+  void abort() noexcept;
 
   struct Impl;  // NCCL and CUDA handles; opaque so this header needs neither nccl.h nor CUDA.
 

@@ -1,6 +1,7 @@
 // write_atomically: a file appears whole at its path or not at all.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,6 +14,11 @@ namespace autoaccum {
 // nor damages the file already there.
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write);
+
+// Writes `size` bytes to a new file at `path` (truncating one there); a failure (a full disk, a
+// quota) is an InputError naming `path` and the reason. Meant for the `write` of
+// write_atomically.
+void write_file(const std::string& path, const void* data, std::size_t size);
 
 // Removes the temporaries a killed writer left beside `path` (`path.tmp.<pid>`) and returns their
 // names. Call it only while holding the output's lock (OutputLock): then no live writer exists.

@@ -76,6 +76,11 @@ class File {
   static File open(const std::string& path, bool writable = false, bool lock = true);
   // Creates (truncates) a file.
   static File create(const std::string& path);
+  // Creates a file that lives in memory only (HDF5's core driver, no backing store); `name` is
+  // for messages. close_to_image() ends it and returns its bytes, which the caller writes itself:
+  // HDF5 then never meets a failing disk (HDF5 1.14 can crash closing a file whose writes failed
+  // on a full disk), and the file reaches the disk as one sequential write.
+  static File create_in_memory(const std::string& name);
 
   const std::string& path() const noexcept { return path_; }
   hid_t id() const noexcept { return handle_.id(); }
@@ -113,6 +118,9 @@ class File {
   // Closes now and reports a failure (a full disk shows here); the destructor would hide it.
   // No dataset of this file may be alive.
   void close();
+  // For a file from create_in_memory(): its complete bytes, as a file on disk would hold them;
+  // closes it. No dataset of this file may be alive.
+  std::vector<char> close_to_image();
 
  private:
   File(std::string path, Handle handle) : path_(std::move(path)), handle_(std::move(handle)) {}

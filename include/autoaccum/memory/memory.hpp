@@ -45,7 +45,12 @@ class UncountedScope {
 // a small GPU, and live/peak bytes come from the allocator's statistics. Throws
 // BackendUnavailable when this build has no CUDA (AUTOACCUM_HAVE_CUDA).
 void use_cuda_device(int device, std::int64_t limit_bytes);
-bool cuda_built() noexcept;  // a CUDA LibTorch (GPUs visible: comm::cuda_device_count())
+bool cuda_built() noexcept;  // a CUDA LibTorch
+// GPUs this process sees through LibTorch; 0 without a CUDA LibTorch, a driver or a GPU (NCCL
+// plays no part: a CUDA LibTorch without a system NCCL still sees its GPUs).
+int cuda_device_count() noexcept;
+// LibTorch's current stream (a cudaStream_t) on the CUDA device in use; nullptr on the CPU.
+void* current_cuda_stream();
 std::int64_t cuda_total_bytes(int device);
 // Device-aware: the CUDA device's counters after use_cuda_device(), else the CPU budget's.
 std::int64_t live_bytes() noexcept;

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The second CI platform: builds this checkout against Debian 13's LibTorch 2.6 (GCC 14, Open MPI
+# 5, HDF5 1.14, Python 3.13 with torch 2.6) inside a Debian 13 root made with debootstrap, and
+# runs the whole ctest suite there. As root (debootstrap, chroot and mounts need it).
+#
+#   jobs/ci/debian13.sh [CTEST ARGS...]       e.g. jobs/ci/debian13.sh -R e2e.user_models
+#   jobs/ci/debian13.sh --run COMMAND...      a shell command line in the checkout inside the root:
+#                                             --run cmake --build build -j 2 -- -k
+#
+# The root is cached in $AUTOACCUM_DEBIAN13_ROOT (default /var/cache/autoaccum/debian13) and
+# reused while its package list is unchanged; its build folder and ccache stay with it, so a
+# second run rebuilds only what changed. The checkout is seen inside the root at /work/src with the
+# root's own build/ mounted over the checkout's: the checkout's Debian 12 build is never touched.
+# All mounts live in a private mount namespace and vanish when the script ends, however it ends.
+# Inside, the suite runs as `tests/run.sh` does on the main platform (jobs/setup.sh, configure,
+# build with warnings as errors, ctest); the Slurm tests run too (slurm-up.sh starts its own
+# daemons). The CUDA toolkit at /usr/local/cuda, when present, is mounted read-only so that the
+# CUDA type-check and NCCL targets compile against LibTorch 2.6's headers as well.
+set -euo pipefail
+checkout=$(cd "$(dirname "$0")/../.." && pwd)
+root=${AUTOACCUM_DEBIAN13_ROOT:-/var/cache/autoaccum/debian13}
+mirror=${AUTOACCUM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+say() { echo "debian13: $*"; }
+fail() {
+  echo "debian13: $*" >&2
+  exit 1
+}
+
+[[ $(id -u) -eq 0 ]] || fail "must run as root (debootstrap, chroot and mount need it)"
+
+# Mounts made below must not leak into the machine's namespace (a shared / would propagate them).
+if [[ -z "${AUTOACCUM_DEBIAN13_UNSHARED:-}" ]]; then
+  export AUTOACCUM_DEBIAN13_UNSHARED=1
+  exec unshare --mount --propagation private "$0" "$@"
+fi
+
+# 1. The root: made once, then kept. A root whose making was interrupted has no stamp and is
+# made again from scratch. The stamp records the setup script it was made for: a changed package
+# list installs the difference (setup.sh is idempotent) the next time.
+if [[ ! -f "$root/.autoaccum-root" ]]; then
+  if ! command -v debootstrap >/dev/null; then
+    say "installing debootstrap on this machine"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null ||
+      fail "cannot install debootstrap (apt-get install debootstrap)"
+  fi
+  rm -rf "$root" "$root.partial"
+  mkdir -p "$(dirname "$root")"
+  say "making a Debian 13 (trixie) root in $root from $mirror"
+  start=$SECONDS
+  debootstrap --variant=minbase --include=ca-certificates trixie "$root.partial" "$mirror" \
+    >"$(dirname "$root")/debootstrap.log" 2>&1 ||
+    fail "debootstrap failed; see $(dirname "$root")/debootstrap.log"
+  # No service may start inside the root while packages are installed (slurmd, munge).
+  printf '#!/bin/sh\nexit 101\n' >"$root.partial/usr/sbin/policy-rc.d"
+  chmod +x "$root.partial/usr/sbin/policy-rc.d"
+  mv "$root.partial" "$root"
+  date -u +%FT%TZ >"$root/.autoaccum-root"
+  say "root made in $((SECONDS - start)) s"
+fi
+cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+cp /etc/hosts "$root/etc/hosts"  # the machine's own name resolves inside too (Slurm, MPI)
+
+# 2. Mounts: kernel file systems, the checkout, the root's own build folder over the checkout's.
+mount -t proc proc "$root/proc"
+mount --rbind /sys "$root/sys"
+mount --rbind /dev "$root/dev"
+mount -t tmpfs -o size=4g tmpfs "$root/dev/shm"
+mount -t tmpfs tmpfs "$root/tmp"
+mkdir -p "$root/work/src" "$root/work/build" "$checkout/build"
+mount --bind "$checkout" "$root/work/src"
+mount --bind "$root/work/build" "$root/work/src/build"
+if [[ -d /usr/local/cuda ]]; then
+  mkdir -p "$root/usr/local/cuda"
+  mount --bind -o ro /usr/local/cuda "$root/usr/local/cuda"
+fi
+
+# 3. Inside: the same test command as the main platform's, in a clean environment.
+say "running inside the root ($(chroot "$root" sh -c '. /etc/os-release; echo "$PRETTY_NAME"'))"
+if [[ "${1:-}" == "--run" ]]; then
+  shift
+  inner="$*"  # a shell command line
+else
+  inner="./tests/run.sh$(printf ' %q' "$@")"
+fi
+exec chroot "$root" /usr/bin/env -i \
+  HOME=/root LANG=C.UTF-8 TERM=dumb \
+  PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  CCACHE_DIR=/work/ccache \
+  /bin/bash -c "cd /work/src && $inner"
