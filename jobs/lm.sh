@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# A byte-level GPT on Debian's fortunes: imports the text into data/ (x, y int64 [N, T]), writes
-# the model with jobs/models/gpt.py, and trains it on 2 ranks under a memory limit that makes the
-# automatic search halve the micro-batch. The loss is cross-entropy per byte over every token of
+# A byte-level GPT on Debian's fortunes: imports the text into data/ (x uint8 token ids, y int64
+# [N, T]), writes the model with jobs/models/gpt.py, and trains it on 2 ranks under a memory limit
+# that makes the automatic search halve the micro-batch. The loss is cross-entropy per byte over every token of
 # the global batch; the run log goes to runs/. Default run: about 6 minutes on 2 cores
 # (docs/models.md has its result).
 #   ./jobs/lm.sh [-n RANKS] [--steps N] [extra train options...]
+#   ./jobs/lm.sh --prepare     only the data and the model, for the Slurm job:
+#                              AUTOACCUM_CONFIG=jobs/configs/gpt-fortunes.ini sbatch jobs/slurm/train.sbatch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ranks=2
 steps=5000
+prepare_only=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --prepare) prepare_only=1; shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -35,6 +39,11 @@ fi
 mkdir -p runs
 model=runs/gpt.pt
 "$python" jobs/models/gpt.py --out "$model" --context 64 --width 64 --layers 2 --heads 4
+if ((prepare_only)); then
+  echo "lm: data/text-train.h5, data/text-val.h5 and $model are ready; on Slurm:"
+  echo "  AUTOACCUM_CONFIG=jobs/configs/gpt-fortunes.ini sbatch jobs/slurm/train.sbatch"
+  exit 0
+fi
 
 log="runs/lm-$(date +%Y%m%d-%H%M%S).h5"
 mpirun --oversubscribe -np "$ranks" build/autoaccum train \

@@ -164,11 +164,14 @@ Command inspect_command() {
       // What the model will receive, per dataset (docs/data-format.md).
       for (std::size_t i = 0; i + 1 < schema.fields.size(); ++i) {
         const auto& field = schema.fields[i];
-        const char* meaning = field.type == data::FieldType::kUInt8
-                                  ? "uint8 image, scaled to float32 in [0, 1] (x / 255)"
-                              : field.type == data::FieldType::kInt64
-                                  ? "int64 token ids, passed unscaled"
-                                  : "float32, passed as stored";
+        const std::string meaning =
+            field.type == data::FieldType::kUInt8
+                ? "uint8 image, scaled to float32 in [0, 1] (x / 255)"
+            : field.type == data::FieldType::kInt64
+                ? field.stored_type + " token ids" +
+                      (field.stored_type == "uint8" ? " (encoding = integer)" : "") +
+                      ", passed unscaled as int64"
+                : "float32, passed as stored";
         std::cout << "  input " << field.name << ": " << meaning << std::endl;
       }
       const auto& target = schema.target();

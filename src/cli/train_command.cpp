@@ -115,6 +115,8 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint FILE");
   o.eval_every = vm["eval-every"].as<std::int64_t>();
   o.log_every = vm["log-every"].as<std::int64_t>();
+  o.log_flush_every = vm["log-flush-every"].as<std::int64_t>();
+  if (o.log_flush_every < 0) throw UsageError("--log-flush-every must not be negative");
   o.eval_micro_batch = vm["eval-micro-batch"].as<std::int64_t>();
   o.command_line = command_line();
   return o;
@@ -201,6 +203,8 @@ Command train_command() {
       "rows per evaluation forward (0: automatic)");
   add("log-every", po::value<std::int64_t>()->default_value(10)->value_name("N"),
       "progress line every N steps");
+  add("log-flush-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
+      "write the run log every N steps (0: automatic, at most ~2% of the run's time)");
   c.run = [](const po::variables_map& vm, comm::Communicator& world) {
     train::TrainOptions options;
     comm::collectively(world, [&] { options = to_options(vm); });

@@ -199,7 +199,9 @@ std::vector<std::string> text_files(const std::vector<std::string>& sources) {
 void write_windows(const std::string& path, const std::vector<std::uint8_t>& bytes,
                    std::int64_t first_window, std::int64_t windows, std::int64_t context,
                    const std::string& source) {
-  std::vector<std::int64_t> x(static_cast<std::size_t>(windows * context));
+  // Inputs as bytes (token ids, encoding = integer: 8x smaller than int64); labels as int64,
+  // the type of class labels.
+  std::vector<std::uint8_t> x(static_cast<std::size_t>(windows * context));
   std::vector<std::int64_t> y(x.size());
   for (std::int64_t w = 0; w < windows; ++w) {
     const std::int64_t start = (first_window + w) * context;
@@ -210,13 +212,17 @@ void write_windows(const std::string& path, const std::vector<std::uint8_t>& byt
   }
   write_atomically(path, [&](const std::string& temporary) {
     auto file = hdf5::File::create(temporary);
-    file.create_dataset("x", hdf5::DType::kInt64, {windows, context})
-        .write_rows(0, windows, hdf5::DType::kInt64, x.data());
+    {
+      auto inputs = file.create_dataset("x", hdf5::DType::kUInt8, {windows, context});
+      inputs.write_rows(0, windows, hdf5::DType::kUInt8, x.data());
+      inputs.write_attribute("encoding", std::string("integer"));
+    }
     file.create_dataset("y", hdf5::DType::kInt64, {windows, context})
         .write_rows(0, windows, hdf5::DType::kInt64, y.data());
     file.write_attribute("num_classes", std::int64_t{256});
     file.write_attribute("tokens", std::string("bytes"));
     file.write_attribute("source", source);
+    file.close();
   });
 }
 

@@ -67,8 +67,18 @@ std::string DataSchema::describe() const {
   for (const auto& f : fields) {
     std::vector<std::int64_t> shape{rows};
     shape.insert(shape.end(), f.row_shape.begin(), f.row_shape.end());
-    out << f.name << " " << to_string(f.type) << " " << shape_text(shape)
-        << (f.is_target ? " (target)" : " (input)") << "\n";
+    const std::string stored = f.stored_type.empty() ? to_string(f.type) : f.stored_type;
+    out << f.name << " " << stored << " " << shape_text(shape);
+    if (f.is_target) {
+      out << " (target)";
+    } else if (f.type == FieldType::kUInt8) {
+      out << " (input: image, scaled to float32 in [0, 1])";
+    } else if (f.type == FieldType::kInt64) {
+      out << " (input: integer ids, passed unscaled as int64)";
+    } else {
+      out << " (input: float32 as stored)";
+    }
+    out << "\n";
   }
   if (num_classes) out << "classes " << *num_classes << "\n";
   return out.str();
@@ -167,12 +177,31 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
       if (shape.empty())
         throw InputError(where(path, name) + " is a scalar; it needs a row dimension");
       FieldType type;
+      // How integer inputs reach the model: uint8 is an image scaled to [0, 1] unless the
+      // dataset says encoding = "integer" (byte-sized token ids, passed unscaled as int64).
+      const std::optional<std::string> encoding = dataset.string_attribute("encoding");
+      if (encoding && *encoding != "integer" && *encoding != "scaled") {
+        throw InputError(where(path, name) + " has encoding '" + *encoding +
+                         "'; it must be 'integer' (ids passed as int64) or 'scaled' (uint8 "
+                         "images, x / 255)");
+      }
+      const bool integers =
+          dataset.dtype() == hdf5::DType::kInt64 || dataset.dtype() == hdf5::DType::kInt32;
+      if (encoding && dataset.dtype() != hdf5::DType::kUInt8 &&
+          !(integers && *encoding == "integer")) {
+        throw InputError(where(path, name) + " is " + dataset.dtype_name() + " with encoding '" +
+                         *encoding + "'; only uint8 data can be 'scaled' or 'integer' (" +
+                         dataset.dtype_name() + " is always passed as " +
+                         (dataset.dtype() == hdf5::DType::kFloat32 ? "float32" : "int64") + ")");
+      }
       switch (dataset.dtype()) {
         case hdf5::DType::kUInt8:
           if (is_target)
             throw InputError(where(path, name) +
                              " is uint8; targets must be int64 class labels or float32 values");
-          type = FieldType::kUInt8;
+          // Token ids are read as int64: HDF5 converts, the fast path steps aside.
+          type = encoding == std::optional<std::string>("integer") ? FieldType::kInt64
+                                                                   : FieldType::kUInt8;
           break;
         case hdf5::DType::kInt64:
         case hdf5::DType::kInt32:    // read as int64: HDF5 converts, the fast path steps aside
@@ -187,7 +216,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
                                       : "; inputs must be uint8, int32, int64 or float32"));
       }
       FieldSpec spec{name, type, std::vector<std::int64_t>(shape.begin() + 1, shape.end()),
-                     is_target};
+                     is_target, dataset.dtype_name()};
       if (shard->datasets.empty()) {
         shard->rows = shape[0];
       } else if (shape[0] != shard->rows) {

@@ -401,6 +401,39 @@ void File::write_attribute(const std::string& name, const std::vector<std::strin
   write_string_attribute(id(), path_, name, values, /*scalar=*/false);
 }
 
+AttributeValue File::attribute_value(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": attribute '" + name + "'";
+  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  Handle type(check(H5Aget_type(attribute.id()), where));
+  Handle space(check(H5Aget_space(attribute.id()), where));
+  const bool scalar = H5Sget_simple_extent_type(space.id()) == H5S_SCALAR;
+  switch (H5Tget_class(type.id())) {
+    case H5T_INTEGER:
+      if (H5Sget_simple_extent_npoints(space.id()) == 1) return read_int_attribute(name);
+      break;
+    case H5T_FLOAT:
+      if (H5Sget_simple_extent_npoints(space.id()) == 1) {
+        double value = 0;
+        check(H5Aread(attribute.id(), H5T_NATIVE_DOUBLE, &value), where + " cannot be read");
+        return value;
+      }
+      break;
+    case H5T_STRING: {
+      auto values = read_attribute_strings(attribute.id(), where);
+      if (scalar && values.size() == 1) return values.front();
+      return values;
+    }
+    default:
+      break;
+  }
+  throw Hdf5Error(where + " is not an integer, a float, a string or strings");
+}
+
+void File::write_attribute(const std::string& name, const AttributeValue& value) {
+  std::visit([&](const auto& v) { write_attribute(name, v); }, value);
+}
+
 std::vector<std::string> File::attribute_names() const {
   ErrorSilencer quiet;
   std::vector<std::string> names;
@@ -616,6 +649,21 @@ void Dataset::write_rows(std::int64_t first, std::int64_t rows, DType type, cons
   Handle memory_space = select_rows(space.id(), dims, first, rows, where);
   check(H5Dwrite(handle_.id(), native_type(type), memory_space.id(), space.id(), H5P_DEFAULT, data),
         where);
+}
+
+std::optional<std::string> Dataset::string_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  if (H5Aexists(handle_.id(), name.c_str()) <= 0) return std::nullopt;
+  const std::string where = context("attribute '" + name + "'");
+  Handle attribute(
+      check(H5Aopen(handle_.id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  auto values = read_attribute_strings(attribute.id(), where);
+  if (values.size() != 1) throw Hdf5Error(where + " is not a single string");
+  return values.front();
+}
+
+void Dataset::write_attribute(const std::string& name, const std::string& value) {
+  write_string_attribute(handle_.id(), file_, name, {value}, /*scalar=*/true);
 }
 
 }  // namespace autoaccum::hdf5

@@ -150,10 +150,12 @@ std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) 
   const bool have_previous = access(previous.c_str(), F_OK) == 0;
   if (!have_newest && !have_previous) return std::nullopt;
   std::string problem;
+  // Any failure to read one falls back to the other: HDF5's, LibTorch's (a tensor it cannot
+  // make), or memory running out while reading.
   if (have_newest) {
     try {
       return LoadedCheckpoint{read_checkpoint(path), path, ""};
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       problem = e.what();
     }
     if (!have_previous)
@@ -165,7 +167,7 @@ std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) 
         have_newest ? "the newest checkpoint is unreadable (" + problem +
                           "); resuming from the previous one, " + previous
                     : "no " + path + " (a crash between two renames?); resuming from " + previous};
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     throw InputError("--resume: neither checkpoint is readable: " + problem + "; " + e.what());
   }
 }

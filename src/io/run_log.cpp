@@ -1,4 +1,4 @@
-// RunLogWriter / read_run_log: extendible chunked datasets, appended at each flush.
+// RunLogWriter / read_run_log: the whole log rewritten atomically at each flush.
 #include "autoaccum/io/run_log.hpp"
 
 #include <algorithm>
@@ -58,6 +58,11 @@ const std::vector<Field<EvalRow>>& eval_fields() {
       {"step", &EvalRow::step}, {"loss", &EvalRow::loss}, {"accuracy", &EvalRow::accuracy}};
   return fields;
 }
+const std::vector<Field<ResumeRow>>& resume_fields() {
+  static const std::vector<Field<ResumeRow>> fields = {
+      {"step", &ResumeRow::step}, {"dropped_steps", &ResumeRow::dropped_steps}};
+  return fields;
+}
 
 struct ColumnSpec {
   std::string name;
@@ -74,22 +79,20 @@ std::vector<ColumnSpec> columns_of(const std::vector<Field<Row>>& fields) {
 
 const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
   static const std::vector<std::pair<std::string, std::vector<ColumnSpec>>> all = {
-      {"steps", columns_of(step_fields())},
-      {"oom", columns_of(oom_fields())},
-      {"eval", columns_of(eval_fields())},
-      {"ranks", {{"rank", true}, {"peak_bytes", true}}},
+      {"steps", columns_of(step_fields())},     {"oom", columns_of(oom_fields())},
+      {"eval", columns_of(eval_fields())},      {"ranks", {{"rank", true}, {"peak_bytes", true}}},
+      {"resumes", columns_of(resume_fields())},
   };
   return all;
 }
 
-// Appends `values` to the 1-D dataset `name`.
+// Writes `values` as the 1-D dataset `name` (chunked and extendible, as h5py users may append).
 template <class T>
-void append_rows(hdf5::File& file, const std::string& name, const std::vector<T>& values) {
-  if (values.empty()) return;
-  auto dataset = file.dataset(name);
-  const std::int64_t length = dataset.shape().at(0);
+void write_column(hdf5::File& file, const std::string& name, const std::vector<T>& values) {
   const auto type = std::is_same_v<T, double> ? hdf5::DType::kFloat64 : hdf5::DType::kInt64;
-  dataset.write_rows(length, static_cast<std::int64_t>(values.size()), type, values.data());
+  auto dataset = file.create_dataset(name, type, {0}, kChunkRows, /*extendible=*/true);
+  if (!values.empty())
+    dataset.write_rows(0, static_cast<std::int64_t>(values.size()), type, values.data());
 }
 
 template <class Row, class Get>
@@ -101,17 +104,39 @@ auto column(const std::vector<Row>& rows, Get get) {
   return out;
 }
 
-// Appends every buffered row of one group, column by column. A column missing from the file (a
-// log written by an older autoaccum, being continued) is left out.
 template <class Row>
-void append_group(hdf5::File& file, const std::string& group, const std::vector<Field<Row>>& fields,
-                  const std::vector<Row>& rows) {
+void write_group(hdf5::File& file, const std::string& group, const std::vector<Field<Row>>& fields,
+                 const std::vector<Row>& rows) {
   for (const auto& field : fields) {
-    const std::string name = group + "/" + field.name;
-    if (!file.has_dataset(name)) continue;
-    std::visit([&](auto member) { append_rows(file, name, column(rows, std::mem_fn(member))); },
-               field.member);
+    std::visit(
+        [&](auto member) {
+          write_column(file, group + "/" + field.name, column(rows, std::mem_fn(member)));
+        },
+        field.member);
   }
+}
+
+// The rows of one group of a log read back (a log of any schema version: a column it lacks
+// reads as zeros).
+template <class Row>
+std::vector<Row> rows_of(const RunLogData& data, const std::string& group,
+                         const std::vector<Field<Row>>& fields) {
+  std::vector<Row> rows;
+  const auto g = data.groups.find(group);
+  if (g == data.groups.end() || g->second.empty()) return rows;
+  rows.resize(g->second.front().values.size());
+  for (const auto& field : fields) {
+    const RunLogData::Column* values = data.column(group, field.name);
+    if (!values) continue;
+    std::visit(
+        [&](auto member) {
+          using Value = std::decay_t<decltype(std::declval<Row>().*member)>;
+          for (std::size_t i = 0; i < rows.size() && i < values->values.size(); ++i)
+            rows[i].*member = static_cast<Value>(values->values[i]);
+        },
+        field.member);
+  }
+  return rows;
 }
 
 }  // namespace
@@ -140,46 +165,69 @@ std::string utc_now() {
 }
 
 RunLogWriter RunLogWriter::create(const std::string& path, const RunLogHeader& header) {
-  write_atomically(path, [&](const std::string& temporary) {
-    auto file = hdf5::File::create(temporary);
-    for (const auto& [group, columns] : specs()) {
-      for (const auto& c : columns) {
-        file.create_dataset(group + "/" + c.name,
-                            c.integer ? hdf5::DType::kInt64 : hdf5::DType::kFloat64, {0},
-                            kChunkRows, /*extendible=*/true);
-      }
-    }
-    file.write_strings("ranks/hostname", header.hostnames);
-    std::vector<std::int64_t> ranks, zeros;
-    for (std::size_t r = 0; r < header.hostnames.size(); ++r) {
-      ranks.push_back(static_cast<std::int64_t>(r));
-      zeros.push_back(0);
-    }
-    append_rows(file, "ranks/rank", ranks);
-    append_rows(file, "ranks/peak_bytes", zeros);
-    file.write_attribute("format", std::string(kRunLogFormat));
-    file.write_attribute("schema_version", kRunLogSchemaVersion);
-    file.write_attribute("world_size", header.world_size);
-    file.write_attribute("global_batch", header.global_batch);
-    file.write_attribute("micro_batch_mode", header.micro_batch_mode);
-    file.write_attribute("command_line", header.command_line);
-    file.write_attribute("started_at", header.started_at);
-    file.write_attribute("status", std::string("running"));
-    file.write_attribute("final_micro_batch", std::int64_t{0});
-    for (const auto& [name, value] : header.text)
-      file.write_attribute(name, value);
-    for (const auto& [name, value] : header.numbers)
-      file.write_attribute(name, value);
-  });
-  return RunLogWriter(path);
+  RunLogWriter writer(path);
+  writer.set("format", std::string(kRunLogFormat));
+  writer.set("schema_version", kRunLogSchemaVersion);
+  writer.set("world_size", header.world_size);
+  writer.set("global_batch", header.global_batch);
+  writer.set("micro_batch_mode", header.micro_batch_mode);
+  writer.set("command_line", header.command_line);
+  writer.set("started_at", header.started_at);
+  for (const auto& [name, value] : header.text)
+    writer.set(name, value);
+  for (const auto& [name, value] : header.numbers)
+    writer.set(name, value);
+  writer.hostnames_ = header.hostnames;
+  writer.peak_bytes_.assign(header.hostnames.size(), 0);
+  writer.write("running", "");
+  return writer;
 }
 
-RunLogWriter RunLogWriter::append(const std::string& path) {
-  RunLogData existing = read_run_log(path);
+RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_step) {
+  const RunLogData existing = read_run_log(path);  // checks the format
   RunLogWriter writer(path);
+  {
+    const auto file = hdf5::File::open(path);
+    for (const auto& name : file.attribute_names())
+      writer.set(name, file.attribute_value(name));
+  }
+  writer.set("schema_version", kRunLogSchemaVersion);
+  // A failed run's reason no longer describes the log once it runs again.
+  writer.attributes_.erase(std::remove_if(writer.attributes_.begin(), writer.attributes_.end(),
+                                          [](const auto& a) { return a.first == "error"; }),
+                           writer.attributes_.end());
+  writer.hostnames_ = existing.hostnames;
+  if (const auto* peaks = existing.column("ranks", "peak_bytes")) {
+    for (double v : peaks->values)
+      writer.peak_bytes_.push_back(static_cast<std::int64_t>(v));
+  }
+  writer.steps_ = rows_of(existing, "steps", step_fields());
+  writer.ooms_ = rows_of(existing, "oom", oom_fields());
+  writer.evals_ = rows_of(existing, "eval", eval_fields());
+  writer.resumes_ = rows_of(existing, "resumes", resume_fields());
+  // The previous run went on past its last checkpoint; this one computes those steps again.
+  const auto later = [&](const auto& row) { return row.step >= resume_step; };
+  const auto dropped = std::count_if(writer.steps_.begin(), writer.steps_.end(), later);
+  writer.steps_.erase(std::remove_if(writer.steps_.begin(), writer.steps_.end(), later),
+                      writer.steps_.end());
+  writer.ooms_.erase(std::remove_if(writer.ooms_.begin(), writer.ooms_.end(), later),
+                     writer.ooms_.end());
+  writer.evals_.erase(std::remove_if(writer.evals_.begin(), writer.evals_.end(), later),
+                      writer.evals_.end());
+  writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped)});
   writer.final_micro_batch_ = std::stoll(existing.attribute("final_micro_batch", "0"));
   writer.write("running", "");
   return writer;
+}
+
+void RunLogWriter::set(const std::string& name, Attribute value) {
+  for (auto& [existing, old] : attributes_) {
+    if (existing == name) {
+      old = std::move(value);
+      return;
+    }
+  }
+  attributes_.emplace_back(name, std::move(value));
 }
 
 void RunLogWriter::flush() {
@@ -191,26 +239,29 @@ void RunLogWriter::finish(const std::string& status, const std::string& message)
 }
 
 void RunLogWriter::write(const std::string& status, const std::string& message) {
-  // Without a lock: readers may hold the file open while the job runs, and the job must not
-  // fail for it. Rows stay buffered until a write succeeds.
-  auto file = hdf5::File::open(path_, /*writable=*/true, /*lock=*/false);
-  append_group(file, "steps", step_fields(), steps_);
-  append_group(file, "oom", oom_fields(), ooms_);
-  append_group(file, "eval", eval_fields(), evals_);
-  if (!peak_bytes_.empty()) {
-    auto peaks = file.dataset("ranks/peak_bytes");
-    const auto n =
-        std::min<std::int64_t>(peaks.shape().at(0), static_cast<std::int64_t>(peak_bytes_.size()));
-    peaks.write_rows(0, n, hdf5::DType::kInt64, peak_bytes_.data());
-  }
-  file.write_attribute("final_micro_batch", final_micro_batch_);
-  file.write_attribute("status", status);
-  file.write_attribute("updated_at", utc_now());
-  if (!message.empty()) file.write_attribute("error", message);
-  file.close();
-  steps_.clear();
-  ooms_.clear();
-  evals_.clear();
+  set("final_micro_batch", final_micro_batch_);
+  set("status", status);
+  set("updated_at", utc_now());
+  if (!message.empty()) set("error", message);
+  write_atomically(path_, [&](const std::string& temporary) {
+    auto file = hdf5::File::create_in_memory(temporary);
+    write_group(file, "steps", step_fields(), steps_);
+    write_group(file, "oom", oom_fields(), ooms_);
+    write_group(file, "eval", eval_fields(), evals_);
+    write_group(file, "resumes", resume_fields(), resumes_);
+    std::vector<std::int64_t> ranks;
+    for (std::size_t r = 0; r < hostnames_.size(); ++r)
+      ranks.push_back(static_cast<std::int64_t>(r));
+    std::vector<std::int64_t> peaks = peak_bytes_;
+    peaks.resize(hostnames_.size(), 0);
+    write_column(file, "ranks/rank", ranks);
+    write_column(file, "ranks/peak_bytes", peaks);
+    file.write_strings("ranks/hostname", hostnames_);
+    for (const auto& [name, value] : attributes_)
+      file.write_attribute(name, value);
+    const std::vector<char> image = file.close_to_image();
+    write_file(temporary, image.data(), image.size());
+  });
 }
 
 const RunLogData::Column* RunLogData::column(const std::string& group,

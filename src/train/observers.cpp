@@ -1,6 +1,7 @@
 // Observers: the run log and the progress lines.
 #include "autoaccum/train/observers.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -43,11 +44,21 @@ void RunLogObserver::on_step(const io::StepRow& row,
   writer_.set_peak_bytes(per_rank_peaks);
   final_micro_batch_ = row.micro_batch;
   ++steps_since_flush_;
-  // Fast steps would otherwise spend much of their time flushing.
-  const double since_flush = seconds_since(last_flush_);
-  if (row.oom_retries > 0 || (steps_since_flush_ >= 10 && since_flush >= 1.0) ||
-      since_flush > 5.0) {
+  bool due = false;
+  if (flush_every_ > 0) {
+    due = steps_since_flush_ >= flush_every_;
+  } else {
+    // Fast steps would otherwise spend much of their time writing; a long log takes longer.
+    const double since_flush = seconds_since(last_flush_);
+    const double spacing = 50 * last_write_seconds_;
+    due = since_flush >= spacing &&
+          (row.oom_retries > 0 || (steps_since_flush_ >= 10 && since_flush >= 1.0) ||
+           since_flush > std::max(5.0, spacing));
+  }
+  if (due) {
+    const auto start = Clock::now();
     write("", "");
+    last_write_seconds_ = seconds_since(start);
     steps_since_flush_ = 0;
     last_flush_ = Clock::now();
   }

@@ -11,6 +11,7 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
   control[layout.peak_kib(rank)] = static_cast<float>(report.peak_bytes / 1024);
   control[layout.phase(rank)] = static_cast<float>(report.phase);
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
+  control[layout.abandoned()] = report.abandoned ? 1.0f : 0.0f;
 }
 
 const char* phase_name(AttemptPhase phase) noexcept {
@@ -37,6 +38,7 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
   }
   outcome.stop = reduced[layout.stop()] > 0.5f;
+  outcome.abandoned = reduced[layout.abandoned()] > 0.5f;
   outcome.loss_sum = reduced[layout.loss()];
   outcome.weight = reduced[layout.weight()];
   outcome.loss = outcome.weight > 0 ? outcome.loss_sum / outcome.weight : 0.0;

@@ -491,14 +491,18 @@ void Trainer::State::resume() {
   // system with caching, ranks choosing alone could see different newest files.
   std::optional<io::LoadedCheckpoint> loaded;
   std::string chosen;
+  // The file's tensors are host staging, outside --memory-limit (on a GPU they would be host
+  // memory too): a small limit must not make a good checkpoint unreadable.
   comm::collectively(comm, [&] {
     if (!root) return;
+    const memory::UncountedScope staging;
     loaded = io::read_latest_checkpoint(options.checkpoint);
     if (loaded) chosen = loaded->path;
   });
   comm.broadcast(chosen, 0);
   comm::collectively(comm, [&] {
     if (root || chosen.empty()) return;
+    const memory::UncountedScope staging;
     loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, ""};
   });
   if (!chosen.empty()) {
@@ -577,8 +581,8 @@ void Trainer::State::open_observers() {
     comm::collectively(comm, [&] {
       if (!root) return;
       if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
-        observers.push_back(
-            std::make_unique<RunLogObserver>(io::RunLogWriter::append(options.run_log)));
+        observers.push_back(std::make_unique<RunLogObserver>(
+            io::RunLogWriter::append(options.run_log, step), options.log_flush_every));
         return;
       }
       io::RunLogHeader header;
@@ -608,8 +612,8 @@ void Trainer::State::open_observers() {
           {"shared_parameters", static_cast<double>(parameters.shared_elements)},
           {"averaged_buffer_values", static_cast<double>(model_state->reduce_count())},
           {"threads_per_rank", static_cast<double>(at::get_num_threads())}};
-      observers.push_back(
-          std::make_unique<RunLogObserver>(io::RunLogWriter::create(options.run_log, header)));
+      observers.push_back(std::make_unique<RunLogObserver>(
+          io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
     });
   }
   if (root && !options.quiet) {
@@ -656,10 +660,17 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   memory::OomWatch watch;
   std::optional<AttemptGuard> guard;
   bool out_of_memory = false;
+  bool abandoned = false;
   AttemptPhase phase = AttemptPhase::kBuffers;
   try {
     guard.emplace(*model_state);
     for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
+      // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
+      // scheduler's grace time; the ranks agree at the collective below to drop the step.
+      if (stop_requested()) {
+        abandoned = true;
+        break;
+      }
       const data::Batch micro = slab.slice(offset, m);
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i < input_count; ++i)
@@ -694,8 +705,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         checked_views = true;
       }
     }
-    phase = AttemptPhase::kBuffers;
-    model_state->write_changes(reduce->view(buffer_region));
+    if (!abandoned) {
+      phase = AttemptPhase::kBuffers;
+      model_state->write_changes(reduce->view(buffer_region));
+    }
     phase = AttemptPhase::kNone;
   } catch (const std::exception& e) {
     // Only an OOM is agreed on here; anything else is this rank's own failure (spmd_main aborts).
@@ -706,7 +719,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   }
   write_report(control, rank,
                RankReport{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone,
-                          memory::peak_bytes(), stop_requested()},
+                          memory::peak_bytes(), stop_requested(), abandoned},
                control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
@@ -882,10 +895,25 @@ TrainResult Trainer::run_steps() {
       const std::int64_t m = s.policy->current();
       const auto attempt_start = Clock::now();
       outcome = s.attempt(slab, m);
-      if (outcome.succeeded()) break;
+      if (outcome.succeeded() || outcome.abandoned) break;
       retry_seconds += seconds_since(attempt_start);
       ++retries;
       s.after_out_of_memory(outcome, m);
+    }
+
+    if (outcome.abandoned) {
+      // A stop signal came between micro-batches: this step is not taken (its partial gradient
+      // is dropped; buffers and random state were restored), the checkpoint holds the state
+      // before it, and a resumed run computes it whole.
+      s.save_checkpoint();
+      s.finish("preempted");
+      s.say("autoaccum: stopped by a signal at step " + std::to_string(s.step) + " (in step " +
+            std::to_string(s.step + 1) +
+            ", between micro-batches: that step is dropped and computed again on resume)" +
+            (o.checkpoint.empty() ? std::string(" (no --checkpoint given: progress is lost)")
+                                  : "; checkpoint written to " + o.checkpoint));
+      s.result.preempted = true;
+      break;
     }
 
     // Step.

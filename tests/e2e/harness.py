@@ -32,3 +32,17 @@ def mpirun(ranks, program, *args, timeout=60, env=None):
 
 def autoaccum(ranks, *args, timeout=60, env=None):
     return mpirun(ranks, BIN, *args, timeout=timeout, env=env)
+
+
+def text(value):
+    """An HDF5 string attribute as str (h5py returns bytes for fixed-length strings)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def synth(path, rows=2000, features=20, classes=4, seed=1):
+    """A synthetic classification file made by `autoaccum synth`; fails loudly if it cannot."""
+    r = autoaccum(1, "synth", "--out", path, "--rows", rows, "--features", features,
+                  "--classes", classes, "--seed", seed)
+    if r.returncode != 0:
+        raise RuntimeError(f"autoaccum synth failed: {r}")
+    return path

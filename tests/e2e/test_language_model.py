@@ -41,7 +41,9 @@ class LanguageModel(unittest.TestCase):
             x = np.concatenate([f["x"][:], g["x"][:]])
             y = np.concatenate([f["y"][:], g["y"][:]])
             self.assertEqual(int(f.attrs["num_classes"]), 256)
-            self.assertEqual(f["x"].dtype, np.int64)
+            # Bytes stored as bytes, marked as token ids rather than an image.
+            self.assertEqual(f["x"].dtype, np.uint8)
+            self.assertEqual(f["x"].attrs["encoding"], "integer")
         windows = (len(corpus) - 1) // 16
         self.assertEqual(len(x), windows)
         stream = np.frombuffer(corpus, np.uint8).astype(np.int64)
@@ -87,7 +89,9 @@ class LanguageModel(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r)
         net = torch.jit.load(out)
         with h5py.File(f"{data}/text-val.h5") as f:
-            x, y = torch.from_numpy(f["x"][:]), torch.from_numpy(f["y"][:])
+            # uint8 byte ids (encoding = integer): the model takes them as int64, as autoaccum
+            # passes them.
+            x, y = torch.from_numpy(f["x"][:]).long(), torch.from_numpy(f["y"][:])
         total = 0.0
         with torch.no_grad():
             for i in range(0, len(x), 256):

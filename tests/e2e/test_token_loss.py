@@ -145,6 +145,40 @@ class TokenLoss(unittest.TestCase):
                     self.assertIn("continue at 3", r.stdout)
                 um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
 
+    def test_uint8_token_ids_with_encoding_integer_train_as_int64(self):
+        # The same tokens stored as bytes: with encoding = "integer" the model gets the ids
+        # unscaled (an Embedding would refuse floats), and the run equals PyTorch's full batch.
+        data = os.path.join(self.dir, "tokens-u8.h5")
+        with h5py.File(data, "w") as f:
+            f["x"], f["y"] = self.x.astype(np.uint8), self.y
+            f["x"].attrs["encoding"] = "integer"
+            f.attrs["num_classes"] = VOCAB
+        r = autoaccum(1, "inspect", data)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("input x: uint8 token ids (encoding = integer), passed unscaled as int64",
+                      r.stdout)
+        reference = full_batch_steps(self.model, self.x, self.y, 24, 2, 0.5, "tokens")
+        checkpoint = os.path.join(self.dir, "lm-u8.h5")
+        r = self.train(2, data, self.model, "--global-batch", 24, "--steps", 2, "--micro-batch", 5,
+                       "--checkpoint", checkpoint)
+        self.assertEqual(r.returncode, 0, r)
+        um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
+
+        # Without the attribute the bytes are an image (x / 255): an Embedding refuses floats.
+        with h5py.File(data, "a") as f:
+            del f["x"].attrs["encoding"]
+        r = autoaccum(1, "inspect", data)
+        self.assertIn("input x: uint8 image, scaled to float32 in [0, 1]", r.stdout)
+        # An encoding that is not one of the two, or on a type it cannot apply to: one line.
+        for dtype, encoding in ((np.uint8, "bytes"), (np.float32, "integer"),
+                                (np.int64, "scaled")):
+            with h5py.File(data, "a") as f:
+                del f["x"]
+                f["x"] = self.x.astype(dtype)
+                f["x"].attrs["encoding"] = encoding
+            r = self.train(2, data, self.model, "--global-batch", 24, "--steps", 1)
+            self.assert_one_line_error(r, "tokens-u8.h5", "dataset 'x'", f"encoding '{encoding}'")
+
     def test_binary_cross_entropy_is_exact(self):
         rng = np.random.default_rng(8)
         x = rng.standard_normal((60, 8)).astype(np.float32)

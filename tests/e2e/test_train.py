@@ -2,6 +2,7 @@
 import csv
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -90,7 +91,7 @@ class RunLogEndToEnd(Run):
             for name in ROOT_ATTRIBUTES:
                 self.assertIn(name, f.attrs, name)
             self.assertEqual(text(f.attrs["format"]), "autoaccum.runlog")
-            self.assertEqual(int(f.attrs["schema_version"]), 1)
+            self.assertEqual(int(f.attrs["schema_version"]), 2)
             self.assertEqual(int(f.attrs["world_size"]), 2)
             self.assertEqual(int(f.attrs["global_batch"]), 200)
             self.assertEqual(text(f.attrs["micro_batch_mode"]), "auto")
@@ -267,23 +268,79 @@ class RunLogEndToEnd(Run):
             np.testing.assert_array_equal(f["steps/step"][:], np.arange(total))
 
 
+    def test_a_signal_mid_step_drops_the_step_at_once_and_resume_is_exact(self):
+        # Long steps: 1000 micro-batches of one row per rank. A SIGUSR1 in the middle of step 2
+        # ends the job between micro-batches, long before the step would have ended; the step is
+        # dropped, and resuming computes it whole: the result equals an uninterrupted run.
+        common = ["--data", self.data, "--hidden", "2048,2048", "--threads", "1",
+                  "--global-batch", "2000", "--micro-batch", "1", "--shuffle", "none"]
+        reference = self.path("whole-2.h5")
+        r = autoaccum(2, "train", *common, "--steps", 2, "--checkpoint", reference, timeout=300)
+        self.assertEqual(r.returncode, 0, r)
+        checkpoint, log = self.path("mid-step.h5"), self.path("mid-step-log.h5")
+        job = subprocess.Popen([MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", *common,
+                                "--steps", "2", "--log-every", "1", "--checkpoint", checkpoint,
+                                "--run-log", log], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        out = []
+        for line in job.stdout:
+            out.append(line)
+            if line.startswith("step 1/2"):
+                break
+        # "step 1/2  loss ...  m 1 x 1000  1.2k samples/s ...": the first step's duration.
+        rate = re.search(r"([\d.]+)(k?) samples/s", out[-1])
+        self.assertIsNotNone(rate, out)
+        step_seconds = 2000 / (float(rate.group(1)) * (1000 if rate.group(2) else 1))
+        time.sleep(step_seconds / 4)  # well inside step 2
+        sent = time.monotonic()
+        job.send_signal(signal.SIGUSR1)
+        rest, err = job.communicate(timeout=120)
+        stopped_after = time.monotonic() - sent
+        out = "".join(out) + rest
+        self.assertEqual(job.returncode, 4, out + err)
+        self.assertIn("stopped by a signal at step 1 (in step 2, between micro-batches", out)
+        # The bound: one micro-batch, the collective and a checkpoint, not the rest of the step.
+        self.assertLess(stopped_after, step_seconds / 2, (stopped_after, step_seconds))
+        with h5py.File(checkpoint, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 1)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "preempted")
+            self.assertEqual(len(f["steps/step"]), 1)
+        r = autoaccum(2, "train", *common, "--steps", 2, "--checkpoint", checkpoint, "--resume",
+                      timeout=300)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("resumed at step 1", r.stdout)
+        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
+            for name in b.attrs["params_names"]:
+                np.testing.assert_array_equal(a[f"params/{name}"][()], b[f"params/{name}"][()],
+                                              err_msg=name)
+
+
 class Checkpoints(Run):
     def test_last_two_are_kept_and_a_corrupt_newest_falls_back_to_the_previous(self):
-        checkpoint = self.path("rotate.h5")
+        checkpoint, log = self.path("rotate.h5"), self.path("rotate-log.h5")
         r = self.train(2, "--global-batch", 100, "--steps", 10, "--checkpoint-every", 4,
-                       "--checkpoint", checkpoint)
+                       "--checkpoint", checkpoint, "--run-log", log)
         self.assertEqual(r.returncode, 0, r)
         with h5py.File(checkpoint, "r") as f, h5py.File(checkpoint + ".prev", "r") as g:
             self.assertEqual(int(f.attrs["step"]), 10)
             self.assertEqual(int(g.attrs["step"]), 8)
         with open(checkpoint, "r+b") as f:
             f.truncate(2000)
-        r = self.train(2, "--global-batch", 100, "--steps", 12, "--checkpoint", checkpoint, "--resume")
+        r = self.train(2, "--global-batch", 100, "--steps", 12, "--checkpoint", checkpoint, "--resume",
+                       "--run-log", log)
         self.assertEqual(r.returncode, 0, r)
         self.assertIn("warning: the newest checkpoint is unreadable", r.stdout)
         self.assertIn("resumed at step 8", r.stdout)
         with h5py.File(checkpoint, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 12)
+        # The log had steps 0-9; the resumed run computed 8 and 9 again: their old rows are gone
+        # and the resume says so.
+        with h5py.File(log, "r") as f:
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(12))
+            np.testing.assert_array_equal(f["resumes/step"][:], [8])
+            np.testing.assert_array_equal(f["resumes/dropped_steps"][:], [2])
+            self.assertEqual(text(f.attrs["status"]), "completed")
 
     def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_ones(self):
         disk = self.path("tiny")

@@ -86,6 +86,28 @@ TEST(StepAgreement, SuccessWhenNoRankRanOut) {
   EXPECT_EQ(agree_on_step(layout, failed.data()).ranks_text(), "rank 0");
 }
 
+TEST(StepAgreement, OneRankThatStoppedBetweenMicroBatchesDropsTheStepEverywhere) {
+  const ControlLayout layout{3};
+  std::vector<RankReport> reports(3);
+  reports[1].stop_requested = true;
+  reports[1].abandoned = true;
+  reports[2].stop_requested = true;  // saw the signal only after its last micro-batch
+  const auto reduced = reduce(layout, reports, {1.0f, 0.5f, 3.0f});
+  const StepOutcome outcome = agree_on_step(layout, reduced.data());
+  EXPECT_TRUE(outcome.abandoned);
+  EXPECT_TRUE(outcome.stop);
+  EXPECT_FALSE(outcome.succeeded()) << "an incomplete gradient must not be applied";
+  EXPECT_TRUE(outcome.out_of_memory.empty()) << "and it is not an out-of-memory to retry";
+
+  std::vector<RankReport> late(3);
+  late[0].stop_requested = true;
+  const auto whole = reduce(layout, late, {1.0f, 1.0f, 1.0f});
+  const StepOutcome completed = agree_on_step(layout, whole.data());
+  EXPECT_TRUE(completed.succeeded()) << "a signal after the last micro-batch keeps the step";
+  EXPECT_TRUE(completed.stop);
+  EXPECT_FALSE(completed.abandoned);
+}
+
 TEST(StepAgreement, NonFiniteIsSeenInLossOrGradient) {
   EXPECT_TRUE(step_is_finite(1.0, -3.0));
   EXPECT_FALSE(step_is_finite(std::nan(""), 0.0));

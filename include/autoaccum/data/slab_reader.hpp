@@ -22,6 +22,9 @@ struct FieldSpec {
   FieldType type;
   std::vector<std::int64_t> row_shape;
   bool is_target = false;
+  // The type stored in the file ("uint8", "int32", ...): differs from `type` for int32 and for
+  // uint8 token ids (encoding = "integer"), both read as int64.
+  std::string stored_type;
 };
 
 struct DataSchema {

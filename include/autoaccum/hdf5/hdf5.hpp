@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "autoaccum/core/error.hpp"
@@ -67,6 +68,9 @@ hid_t native_type(DType type);  // H5T_NATIVE_* for kUInt8..kFloat64
 
 class Dataset;
 
+// An attribute's value as autoaccum writes them: an integer, a float, a string, or strings.
+using AttributeValue = std::variant<std::int64_t, double, std::string, std::vector<std::string>>;
+
 class File {
  public:
   // Opens an existing file. Read-only unless `writable`. A missing, unreadable, or non-HDF5 file
@@ -111,6 +115,10 @@ class File {
   void write_attribute(const std::string& name, const std::string& value);
   void write_attribute(const std::string& name, const std::vector<std::string>& values);
   std::vector<std::string> attribute_names() const;
+  // Any root attribute of the four kinds above (integers and floats as scalars; a string array
+  // of one element stays an array); another type or shape is an Hdf5Error naming it.
+  AttributeValue attribute_value(const std::string& name) const;
+  void write_attribute(const std::string& name, const AttributeValue& value);
   // A printable rendering of any root attribute (numbers, strings, arrays of either).
   std::string describe_attribute(const std::string& name) const;
 
@@ -152,6 +160,10 @@ class Dataset {
   void read_rows(std::int64_t first, std::int64_t rows, DType type, void* out) const;
   // Writes rows [first, first + rows); for an extendible dataset, grows it first when needed.
   void write_rows(std::int64_t first, std::int64_t rows, DType type, const void* data);
+
+  // A string attribute of the dataset, or nothing when it has none of that name.
+  std::optional<std::string> string_attribute(const std::string& name) const;
+  void write_attribute(const std::string& name, const std::string& value);
 
  private:
   std::string context(const std::string& what) const;

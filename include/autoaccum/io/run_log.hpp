@@ -5,12 +5,14 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace autoaccum::io {
 
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
-inline constexpr std::int64_t kRunLogSchemaVersion = 1;
+// 2: the `resumes` group; the file is rewritten whole at each flush.
+inline constexpr std::int64_t kRunLogSchemaVersion = 2;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -43,6 +45,13 @@ struct EvalRow {
   double accuracy = 0;  // NaN for regression
 };
 
+// A resumed run continued the log at `step`, dropping the rows the previous run had logged at or
+// after it (steps done after its last checkpoint, computed again now).
+struct ResumeRow {
+  std::int64_t step = 0;
+  std::int64_t dropped_steps = 0;
+};
+
 struct RunLogHeader {
   std::int64_t world_size = 1;
   std::int64_t global_batch = 0;
@@ -54,16 +63,21 @@ struct RunLogHeader {
   std::vector<std::pair<std::string, double>> numbers;    // more root attributes
 };
 
-// Writes the run log on rank 0. Rows are buffered and appended on flush(); the file is open only
-// during a flush, so readers (h5py, h5dump, `autoaccum log`) can open it at any other time
-// without SWMR or lock settings, and a job killed between flushes leaves a consistent file with
-// every row up to the last flush.
+// Writes the run log on rank 0. The writer keeps every row; each flush writes the whole log to a
+// temporary file (made in memory, written in one piece) and renames it onto the path. A reader
+// (h5py, h5dump, `autoaccum log`) therefore always sees a complete log of whole rows, as of the
+// last flush, after any kill; it needs no SWMR or lock settings and never blocks the writer; a
+// failed flush (a full disk) changes nothing on disk and the next one writes every row once.
 class RunLogWriter {
  public:
-  // A new log: built under a temporary name and renamed onto `path`, status "running".
+  using Attribute = std::variant<std::int64_t, double, std::string, std::vector<std::string>>;
+
+  // A new log with status "running", written at once.
   static RunLogWriter create(const std::string& path, const RunLogHeader& header);
-  // An existing log to continue (a resumed run): checks its format; status back to "running".
-  static RunLogWriter append(const std::string& path);
+  // An existing log to continue (a run resumed at `resume_step`): checks its format, keeps its
+  // attributes and rows but drops those logged at or after `resume_step`, records the resume in
+  // the `resumes` group, and writes it back with status "running".
+  static RunLogWriter append(const std::string& path, std::int64_t resume_step);
 
   const std::string& path() const noexcept { return path_; }
   void add(const StepRow& row) { steps_.push_back(row); }
@@ -71,7 +85,7 @@ class RunLogWriter {
   void add(const EvalRow& row) { evals_.push_back(row); }
   void set_peak_bytes(std::vector<std::int64_t> per_rank) { peak_bytes_ = std::move(per_rank); }
   void set_final_micro_batch(std::int64_t m) { final_micro_batch_ = m; }
-  std::size_t pending_rows() const noexcept { return steps_.size() + ooms_.size() + evals_.size(); }
+  std::size_t rows() const noexcept { return steps_.size() + ooms_.size() + evals_.size(); }
 
   void flush();
   // Flushes and sets status: "completed", "failed" (with `message` as attribute `error`), or
@@ -80,12 +94,16 @@ class RunLogWriter {
 
  private:
   explicit RunLogWriter(std::string path) : path_(std::move(path)) {}
+  void set(const std::string& name, Attribute value);
   void write(const std::string& status, const std::string& message);
 
   std::string path_;
+  std::vector<std::pair<std::string, Attribute>> attributes_;  // in the order first set
+  std::vector<std::string> hostnames_;
   std::vector<StepRow> steps_;
   std::vector<OomRow> ooms_;
   std::vector<EvalRow> evals_;
+  std::vector<ResumeRow> resumes_;
   std::vector<std::int64_t> peak_bytes_;
   std::int64_t final_micro_batch_ = 0;
 };
@@ -99,7 +117,7 @@ struct RunLogData {
     bool integer = false;
     std::vector<double> values;
   };
-  // group -> columns in schema order ("steps", "oom", "eval", "ranks")
+  // group -> columns in schema order ("steps", "oom", "eval", "ranks", "resumes")
   std::map<std::string, std::vector<Column>> groups;
   std::vector<std::string> hostnames;
   const Column* column(const std::string& group, const std::string& name) const;

@@ -51,6 +51,8 @@ struct TrainOptions {
   bool resume = false;
   std::int64_t eval_every = 0;
   std::int64_t log_every = 10;
+  // Run log flushes: every N steps; 0: automatic (see RunLogObserver).
+  std::int64_t log_flush_every = 0;
   std::int64_t eval_micro_batch = 0;  // 0: auto
 
   std::string command_line;

@@ -28,7 +28,9 @@ struct ControlLayout {
     return static_cast<std::size_t>(3 * world + 1);
   }
   std::size_t stop() const { return static_cast<std::size_t>(3 * world + 2); }  // signals
-  std::int64_t count() const { return 3 * world + 3; }
+  // Ranks that left micro-batches undone because a stop signal came between two of them.
+  std::size_t abandoned() const { return static_cast<std::size_t>(3 * world + 3); }
+  std::int64_t count() const { return 3 * world + 4; }
 };
 
 // What one rank reports at the end of an attempt (the loss sum and its weight travel apart, as
@@ -38,6 +40,7 @@ struct RankReport {
   AttemptPhase phase = AttemptPhase::kNone;
   std::int64_t peak_bytes = 0;
   bool stop_requested = false;
+  bool abandoned = false;  // stopped between micro-batches: the step's gradient is incomplete
 };
 // Writes `report` into this rank's slots of a zeroed host control array.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
@@ -47,10 +50,11 @@ struct StepOutcome {
   std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
   std::vector<AttemptPhase> phases;      // per rank: where it ran out (kNone: it did not)
   bool stop = false;                     // some rank received a stop signal
-  double loss_sum = 0;                   // the loss summed over everything the ranks counted
-  double weight = 0;                     // how many items (rows, tokens, values) that was
+  bool abandoned = false;  // some rank stopped between micro-batches: the step is not taken
+  double loss_sum = 0;     // the loss summed over everything the ranks counted
+  double weight = 0;       // how many items (rows, tokens, values) that was
   double loss = 0;  // the global batch's mean loss: loss_sum / weight (0 when nothing counted)
-  bool succeeded() const noexcept { return out_of_memory.empty(); }
+  bool succeeded() const noexcept { return out_of_memory.empty() && !abandoned; }
   std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
   // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in
   // forward, rank 1 in backward)".

@@ -1,0 +1,121 @@
+"""The run log on disk is always whole: after kill -9 at any moment, after a failed write on a
+full disk, and across resumes, every log opens with h5py, each group's columns have one length,
+steps/step is strictly increasing, each step is there once, and `autoaccum log` reads what h5py
+reads."""
+import csv
+import io
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import h5py
+import numpy as np
+
+from harness import BIN, MPIEXEC, autoaccum, synth, text
+
+
+class RunLogIntegrity(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="autoaccum-runlog-")
+        cls.data = synth(os.path.join(cls.dir, "synth.h5"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def command(self, log, checkpoint, steps, *extra):
+        return [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
+                "--hidden", "32,32", "--threads", "1", "--global-batch", "100", "--steps",
+                str(steps), "--run-log", log, "--checkpoint", checkpoint, "--checkpoint-every", "3",
+                "--log-flush-every", "1", "--log-every", "0", "--resume", *extra]
+
+    def assert_whole(self, log):
+        """Returns the steps column after checking the log as a reader would."""
+        with h5py.File(log, "r") as f:
+            for group in ("steps", "oom", "eval", "resumes"):
+                lengths = {name: len(f[f"{group}/{name}"]) for name in f[group]}
+                self.assertEqual(len(set(lengths.values())), 1, (group, lengths))
+            steps = f["steps/step"][:]
+            losses = f["steps/loss"][:]
+        self.assertTrue(np.all(np.diff(steps) > 0), steps)
+        r = autoaccum(1, "log", log, "--csv", "steps")
+        self.assertEqual(r.returncode, 0, r)
+        rows = list(csv.DictReader(io.StringIO(r.stdout)))
+        self.assertEqual([int(row["step"]) for row in rows], steps.tolist())
+        self.assertEqual([float(row["loss"]) for row in rows], losses.tolist())
+        return steps
+
+    def test_kill_9_at_random_moments_leaves_whole_rows(self):
+        log, checkpoint = os.path.join(self.dir, "killed.h5"), os.path.join(self.dir, "killed.ckpt")
+        rng = random.Random(7)
+        for _ in range(30):
+            before = os.stat(log).st_mtime_ns if os.path.exists(log) else 0
+            job = subprocess.Popen(self.command(log, checkpoint, 100000), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+            # Kill while this job writes its log (every step): at a random moment once it has
+            # written it at least once.
+            deadline = time.monotonic() + 60
+            while (not os.path.exists(log) or os.stat(log).st_mtime_ns == before) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.8))
+            # mpiexec and every rank, at once (the ranks have process groups of their own).
+            subprocess.run(["pkill", "-9", "-s", str(job.pid)])
+            job.wait(timeout=30)
+            self.assert_whole(log)
+        # The log continues to a clean end: every step once, each resume recorded.
+        with h5py.File(checkpoint, "r") as f:
+            done = int(f.attrs["step"])
+        r = subprocess.run(self.command(log, checkpoint, done + 5), capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        steps = self.assert_whole(log)
+        np.testing.assert_array_equal(steps, np.arange(done + 5))
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            self.assertGreaterEqual(len(f["resumes/step"]), 1)
+            self.assertTrue(np.all(np.diff(f["resumes/step"][:]) >= 0))
+        leftovers = [n for n in os.listdir(self.dir) if ".tmp." in n]
+        self.assertEqual(leftovers, [], "a killed writer's temporaries are removed at the next start")
+
+    def test_a_failed_write_then_a_good_one_leaves_each_row_once(self):
+        disk = os.path.join(self.dir, "small-disk")
+        os.makedirs(disk)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", disk],
+                          capture_output=True).returncode != 0:
+            self.skipTest("cannot mount a small tmpfs here (needs root)")
+        try:
+            log = os.path.join(disk, "log.h5")
+            checkpoint = os.path.join(self.dir, "full.ckpt")
+            errors = os.path.join(self.dir, "full.err")
+            with open(errors, "w") as err:
+                job = subprocess.Popen(self.command(log, checkpoint, 3000), stdout=subprocess.DEVNULL,
+                                       stderr=err)
+                deadline = time.monotonic() + 60
+                while not os.path.exists(log) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                # Fill the disk: the next writes fail.
+                filler = os.path.join(disk, "filler")
+                subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
+                               capture_output=True)
+                while "run log not updated" not in open(errors).read():
+                    self.assertLess(time.monotonic(), deadline, "no write failed")
+                    time.sleep(0.05)
+                os.remove(filler)
+                job.wait(timeout=120)
+            self.assertEqual(job.returncode, 0, open(errors).read())
+            steps = self.assert_whole(log)
+            np.testing.assert_array_equal(steps, np.arange(3000))
+            with h5py.File(log, "r") as f:
+                self.assertEqual(text(f.attrs["status"]), "completed")
+        finally:
+            subprocess.run(["umount", "-l", disk], capture_output=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
