@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""Plots loss, micro-batch size and throughput against step for one or several run logs.
+"""Plots loss (training and evaluation), micro-batch size and throughput against step for one or
+several run logs; the micro-batch sizes that ran out of memory are marked where they failed.
 
     jobs/plot-run.py RUN.h5 [RUN2.h5 ...] -o run.png
 
-Uses h5py and matplotlib from Debian's packages (python3-h5py, python3-matplotlib).
+Uses h5py and matplotlib from Debian's packages (python3-h5py, python3-matplotlib). Exits 1 with
+one line, writing nothing, when a file is not a run log or no log has a step yet.
 """
 import argparse
 import os
@@ -16,38 +18,60 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def group(f, name, columns):
+    """The group's columns cut to the rows every one of them has (logs written before schema 2
+    could end a killed flush with columns of unequal length)."""
+    values = [f[f"{name}/{c}"][:] if f"{name}/{c}" in f else [] for c in columns]
+    rows = min(len(v) for v in values)
+    return [v[:rows] for v in values]
+
+
+def read(path):
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") not in ("autoaccum.runlog", b"autoaccum.runlog"):
+                sys.exit(f"plot-run: '{path}' is not an autoaccum run log")
+            steps = group(f, "steps", ("step", "loss", "micro_batch", "samples_per_second"))
+            ooms = group(f, "oom", ("step", "micro_batch"))
+            evals = group(f, "eval", ("step", "loss"))
+    except OSError as error:
+        sys.exit(f"plot-run: cannot read '{path}': {error}")
+    return steps, ooms, evals
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logs", nargs="+", help="autoaccum run logs (HDF5)")
     parser.add_argument("-o", "--output", default="run.png", help="PNG file to write")
     args = parser.parse_args()
 
+    runs = [(path, *read(path)) for path in args.logs]
+    if not any(len(steps[0]) for _, steps, _, _ in runs):
+        sys.exit("plot-run: no step in " + ", ".join(f"'{p}'" for p in args.logs) +
+                 " yet: nothing to plot")
+
     figure, (loss_axis, micro_axis, rate_axis) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    for path in args.logs:
-        try:
-            with h5py.File(path, "r") as f:
-                if f.attrs.get("format") not in ("autoaccum.runlog", b"autoaccum.runlog"):
-                    sys.exit(f"plot-run: '{path}' is not an autoaccum run log")
-                step = f["steps/step"][:]
-                loss = f["steps/loss"][:]
-                micro = f["steps/micro_batch"][:]
-                rate = f["steps/samples_per_second"][:]
-                oom_steps = f["oom/step"][:]
-        except OSError as error:
-            sys.exit(f"plot-run: cannot read '{path}': {error}")
+    for index, (path, (step, loss, micro, rate), (oom_step, oom_micro), (eval_step, eval_loss)) \
+            in enumerate(runs):
+        color = f"C{index % 10}"
         label = os.path.basename(path)
-        loss_axis.plot(step, loss, label=label)
-        micro_axis.step(step, micro, where="post", label=label)
-        for s in sorted(set(oom_steps.tolist())):
-            micro_axis.axvline(s, color="red", alpha=0.2)
-        rate_axis.plot(step, rate, label=label)
+        loss_axis.plot(step, loss, color=color, label=f"{label} (train)")
+        if len(eval_step):
+            loss_axis.plot(eval_step, eval_loss, "o--", color=color, label=f"{label} (eval)")
+        micro_axis.step(step, micro, where="post", color=color, label=label)
+        # Each size that ran out of memory, at the step where it did.
+        micro_axis.scatter(oom_step, oom_micro, marker="x", color="red", zorder=3,
+                           label="ran out of memory" if index == 0 and len(oom_step) else None)
+        rate_axis.plot(step, rate, color=color, label=label)
     loss_axis.set_ylabel("loss")
     micro_axis.set_ylabel("micro-batch (per rank)")
     micro_axis.set_yscale("log", base=2)
     rate_axis.set_ylabel("samples / s")
     rate_axis.set_xlabel("optimizer step")
     loss_axis.legend()
-    loss_axis.set_title("autoaccum run" + ("s" if len(args.logs) > 1 else "") + " (red: OOM retries)")
+    micro_axis.legend()
+    loss_axis.set_title("autoaccum run" + ("s" if len(args.logs) > 1 else "") +
+                        " (red x: a micro-batch that ran out of memory)")
     figure.tight_layout()
     figure.savefig(args.output, dpi=100)
     print(f"wrote {args.output}")

@@ -23,6 +23,35 @@ po::options_description full_options(const Command& command) {
   return all;
 }
 
+// The config file's text with a section for this command ([train] for `autoaccum train`, or
+// [autoaccum]) unwrapped: its options read as if at the top. Another section is an error naming
+// it, not Boost's "unrecognised option 'other.name'".
+std::string unwrap_sections(std::istream& in, const std::string& command,
+                            const std::string& where) {
+  std::ostringstream out;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const auto first = line.find_first_not_of(" \t");
+    const auto last = line.find_last_not_of(" \t\r");
+    if (first != std::string::npos && line[first] == '[' && line[last] == ']') {
+      const std::string section = line.substr(first + 1, last - first - 1);
+      if (section != command && section != "autoaccum") {
+        throw UsageError(where + ", line " + std::to_string(number) + ": section [" + section +
+                         "]: options for autoaccum " + command +
+                         " go at the top of the file or "
+                         "under [" +
+                         command + "]");
+      }
+      out << "\n";  // keeps line numbers in Boost's messages
+      continue;
+    }
+    out << line << "\n";
+  }
+  return out.str();
+}
+
 }  // namespace
 
 po::variables_map parse_options(const Command& command, const std::vector<std::string>& args) {
@@ -37,7 +66,9 @@ po::variables_map parse_options(const Command& command, const std::vector<std::s
       std::ifstream in(file);
       if (!in) throw UsageError(where + ": --config: cannot read '" + file + "'");
       try {
-        po::store(po::parse_config_file(in, command.options), vm);
+        std::istringstream text(
+            unwrap_sections(in, command.name, where + ": --config '" + file + "'"));
+        po::store(po::parse_config_file(text, command.options), vm);
       } catch (const po::error& e) {
         throw UsageError(where + ": --config '" + file + "': " + e.what());
       }

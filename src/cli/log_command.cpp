@@ -9,6 +9,7 @@
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/error.hpp"
+#include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "commands.hpp"
@@ -196,7 +197,7 @@ void print_summary(const RunLogData& log, std::ostream& out) {
 void print_csv(const RunLogData& log, const std::string& group, std::ostream& out) {
   const auto it = log.groups.find(group);
   if (it == log.groups.end()) {
-    throw UsageError("--csv: '" + group + "' is not one of steps, oom, eval, ranks");
+    throw UsageError("--csv: '" + group + "' is not one of steps, oom, eval, ranks, resumes");
   }
   const auto& columns = it->second;
   for (std::size_t c = 0; c < columns.size(); ++c)
@@ -242,7 +243,7 @@ Command log_command() {
   Command c;
   c.name = "log";
   c.summary = "Summarise run logs: micro-batch sizes chosen and why, OOMs, throughput, evaluation.";
-  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks]";
+  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks|resumes]";
   c.options.add_options()("logs",
                           po::value<std::vector<std::string>>()->required()->value_name("RUN.h5"),
                           "run log(s); several give a comparison table")(
@@ -251,7 +252,9 @@ Command log_command() {
   c.run = [](const po::variables_map& vm, comm::Communicator& world) {
     comm::collectively(world, [&] {
       if (world.rank() != 0) return;
-      const auto paths = vm["logs"].as<std::vector<std::string>>();
+      // A quoted glob ('runs/*.h5', as a job script passes it) expands as --data's does.
+      const auto paths =
+          data::expand_data_paths(vm["logs"].as<std::vector<std::string>>(), "autoaccum log");
       std::vector<RunLogData> logs;
       // Comparing several: a log that cannot be read is named and left out, not fatal.
       for (const auto& p : paths) {

@@ -1,6 +1,7 @@
 // autoaccum train: options, validation with one-line errors, and the trainer.
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,18 @@ namespace po = boost::program_options;
 
 namespace autoaccum::cli {
 namespace {
+
+// `data = a.h5 b.h5` in a config file arrives as one value: paths are separated by spaces there
+// as on the command line (repeating the key works too).
+std::vector<std::string> split_paths(const std::vector<std::string>& values) {
+  std::vector<std::string> paths;
+  for (const auto& value : values) {
+    std::istringstream words(value);
+    for (std::string path; words >> path;)
+      paths.push_back(path);
+  }
+  return paths;
+}
 
 // The whole of `text` as an integer >= 1, or nothing.
 std::optional<std::int64_t> positive_integer(const std::string& text) {
@@ -40,8 +53,8 @@ std::vector<std::int64_t> parse_widths(const std::string& text) {
 
 train::TrainOptions to_options(const po::variables_map& vm) {
   train::TrainOptions o;
-  o.data = vm["data"].as<std::vector<std::string>>();
-  if (vm.count("val-data")) o.val_data = vm["val-data"].as<std::vector<std::string>>();
+  o.data = split_paths(vm["data"].as<std::vector<std::string>>());
+  if (vm.count("val-data")) o.val_data = split_paths(vm["val-data"].as<std::vector<std::string>>());
   o.inputs = split_list(vm["inputs"].as<std::string>());
   if (o.inputs.empty()) throw UsageError("--inputs: no dataset named");
   o.targets = vm["targets"].as<std::string>();

@@ -71,7 +71,7 @@ std::string hdf5_library() {
   hbool_t threadsafe = 0;
   H5is_library_threadsafe(&threadsafe);
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release) +
-         (threadsafe ? " (thread-safe)" : " (not thread-safe)");
+         (threadsafe ? " (thread-safe)" : " (not thread-safe; autoaccum serialises its calls)");
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ std::string DataSchema::describe() const {
   return out.str();
 }
 
-std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments) {
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments,
+                                           const std::string& option) {
   std::vector<std::string> paths;
   for (const auto& argument : arguments) {
     if (argument.find_first_of("*?[") == std::string::npos) {
@@ -98,9 +99,9 @@ std::vector<std::string> expand_data_paths(const std::vector<std::string>& argum
         paths.emplace_back(matches.gl_pathv[i]);
     }
     globfree(&matches);
-    if (status != 0) throw InputError("--data: '" + argument + "' matches no file");
+    if (status != 0) throw InputError(option + ": '" + argument + "' matches no file");
   }
-  if (paths.empty()) throw UsageError("--data: no training file given");
+  if (paths.empty()) throw UsageError(option + ": no file given");
   return paths;
 }
 

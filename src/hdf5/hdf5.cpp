@@ -53,7 +53,14 @@ std::string why_cannot_open(const std::string& path) {
 
 }  // namespace
 
-ErrorSilencer::ErrorSilencer() {
+namespace {
+std::recursive_mutex& library_lock() {
+  static std::recursive_mutex lock;
+  return lock;
+}
+}  // namespace
+
+ErrorSilencer::ErrorSilencer() : lock_(library_lock()) {
   H5Eget_auto2(H5E_DEFAULT, &function_, &data_);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
@@ -69,7 +76,10 @@ std::string last_error_message() {
 }
 
 Handle::Handle(const Handle& other) : id_(other.id_) {
-  if (id_ >= 0) H5Iinc_ref(id_);
+  if (id_ >= 0) {
+    ErrorSilencer quiet;
+    H5Iinc_ref(id_);
+  }
 }
 
 Handle::~Handle() {
@@ -125,6 +135,12 @@ File File::open(const std::string& path, bool writable, bool lock) {
   Handle access(check(H5Pcreate(H5P_FILE_ACCESS), "cannot open " + quoted(path)));
   if (!lock) check(H5Pset_file_locking(access.id(), false, true), "cannot open " + quoted(path));
   const hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, access.id());
+  if (id < 0 && last_error_message().find("unable to lock file") != std::string::npos) {
+    throw Hdf5Error("cannot open " + quoted(path) +
+                    ": another process has it open for writing and holds HDF5's file lock "
+                    "(an h5py or HDF5 writer); close it there, or read it anyway with "
+                    "HDF5_USE_FILE_LOCKING=FALSE in the environment");
+  }
   if (id < 0) fail("cannot open " + quoted(path));
   return File(path, Handle(id));
 }

@@ -291,8 +291,9 @@ void Trainer::State::open_data() {
     objective.emplace(Objective::choose(o.loss, schema.target(),
                                         classification ? *schema.num_classes : 0, o.ignore_index));
     if (!o.val_data.empty()) {
-      val_reader = std::make_unique<data::SlabReader>(data::expand_data_paths(o.val_data), o.inputs,
-                                                      o.targets, true, o.ignore_index);
+      val_reader =
+          std::make_unique<data::SlabReader>(data::expand_data_paths(o.val_data, "--val-data"),
+                                             o.inputs, o.targets, true, o.ignore_index);
       const auto& a = reader->schema();
       const auto& b = val_reader->schema();
       for (std::size_t i = 0; i < a.fields.size(); ++i) {

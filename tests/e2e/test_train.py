@@ -163,6 +163,47 @@ class RunLogEndToEnd(Run):
         self.assertIn(missing, table.stderr)
         r = autoaccum(1, "log", missing, self.path("also-missing.h5"))
         self.assertEqual(r.returncode, 1, r)
+        # A quoted glob, as a job script passes it, expands in name order.
+        table = autoaccum(1, "log", self.path("sweep-*.h5"))
+        self.assertEqual(table.returncode, 0, table)
+        lines = table.stdout.splitlines()
+        self.assertEqual(len(lines), 3, table)
+        self.assertIn("sweep-100.h5", lines[1])
+        self.assertIn("sweep-200.h5", lines[2])
+        r = autoaccum(1, "log", self.path("nothing-*.h5"))
+        self.assertEqual(r.returncode, 1, r)
+        self.assertIn("matches no file", r.stderr)
+
+    def test_a_data_file_held_by_a_writer_is_named_as_locked(self):
+        held = self.path("held-by-writer.h5")
+        shutil.copyfile(self.data, held)
+        with h5py.File(held, "a"):  # h5py holds HDF5's exclusive lock while it is open
+            r = autoaccum(1, "inspect", held)
+        self.assertEqual(r.returncode, 1, r)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("held-by-writer.h5", errors[0])
+        self.assertIn("another process has it open for writing", errors[0])
+        self.assertIn("HDF5_USE_FILE_LOCKING=FALSE", errors[0])
+
+    def test_config_file_with_a_train_section_and_several_paths_on_one_line(self):
+        shard = self.path("second-shard.h5")
+        shutil.copyfile(self.data, shard)
+        config = self.path("sectioned.ini")
+        with open(config, "w") as f:
+            f.write(f"# a config as users write them\n[train]\ndata = {self.data} {shard}\n"
+                    "hidden = 32,32\nglobal-batch = 100\nsteps = 2\nthreads = 1\n")
+        r = autoaccum(2, "train", "--config", config)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("4000 rows", r.stdout, "both shards, from one line")
+        with open(config, "a") as f:
+            f.write("[evaluate]\nsteps = 3\n")
+        r = autoaccum(2, "train", "--config", config)
+        self.assertEqual(r.returncode, 1, r)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("sectioned.ini", errors[0])
+        self.assertIn("section [evaluate]", errors[0])
 
     def test_oom_at_micro_batch_one_exits_3_on_every_rank(self):
         log = self.path("fail.h5")
@@ -469,6 +510,28 @@ class PlotScript(Run):
                 header = f.read(8)
             self.assertEqual(header, b"\x89PNG\r\n\x1a\n")
             self.assertGreater(os.path.getsize(png), 10000)
+        # A log of an older autoaccum killed mid-flush (columns of unequal length) still plots;
+        # a log with no step yet is one line and exit 1, with no PNG.
+        torn, empty = self.path("torn.h5"), self.path("empty.h5")
+        shutil.copyfile(logs[0], torn)
+        with h5py.File(torn, "a") as f:
+            loss = f["steps/loss"][:]
+            del f["steps/loss"]
+            f["steps/loss"] = loss[:-2]
+        shutil.copyfile(logs[0], empty)
+        with h5py.File(empty, "a") as f:
+            for name in list(f["steps"]):
+                values = f[f"steps/{name}"][:0]
+                del f[f"steps/{name}"]
+                f[f"steps/{name}"] = values
+        done = subprocess.run(["/usr/bin/python3", script, torn, "-o", self.path("torn.png")],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        done = subprocess.run(["/usr/bin/python3", script, empty, "-o", self.path("empty.png")],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 1, done)
+        self.assertIn("no step", done.stderr)
+        self.assertFalse(os.path.exists(self.path("empty.png")))
 
 
 class TrainBadInput(Run):

@@ -47,10 +47,16 @@ TEST(Budget, ThrowsTheSameOutOfMemoryErrorAsAGpuAndCountsBytes) {
     EXPECT_NE(std::string(e.what()).find("autoaccum memory limit"), std::string::npos);
   }
   EXPECT_EQ(cpu_live_bytes(), base) << "a refused allocation must not count";
-  // Kernels that use raw_allocate (convolutions) go through the budget too.
-  auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3));
-  EXPECT_NO_THROW(conv->forward(torch::rand({2, 1, 8, 8})));
+  // Convolutions (whose kernels also call raw_allocate, which needs data == context) allocate
+  // through the budget too: their output is counted.
   install_cpu_budget(0);
+  auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3));
+  const auto input = torch::rand({2, 1, 64, 64});
+  reset_cpu_peak();
+  const std::int64_t before = cpu_live_bytes();
+  const auto output = conv->forward(input);
+  EXPECT_GE(cpu_live_bytes() - before, static_cast<std::int64_t>(output.nbytes()));
+  EXPECT_GE(cpu_peak_bytes() - before, static_cast<std::int64_t>(output.nbytes()));
 }
 
 TEST(Budget, StagingMemoryIsNeitherCountedNorLimited) {
@@ -73,8 +79,13 @@ TEST(Budget, StagingMemoryIsNeitherCountedNorLimited) {
 TEST(Budget, ResetPeakStartsFromLive) {
   install_cpu_budget(0);
   { auto t = torch::empty({1 << 20}); }
+  ASSERT_GE(cpu_peak_bytes(), cpu_live_bytes() + (4 << 20)) << "the freed 4 MiB made a peak";
   reset_cpu_peak();
   EXPECT_EQ(cpu_peak_bytes(), cpu_live_bytes());
+  const std::int64_t live = cpu_live_bytes();
+  { auto t = torch::empty({1 << 18}); }  // 1 MiB: the new peak counts from live
+  EXPECT_GE(cpu_peak_bytes(), live + (1 << 20));
+  EXPECT_LT(cpu_peak_bytes(), live + (4 << 20)) << "the old peak is gone";
 }
 
 TEST(Detection, RecognisesOutOfMemoryMessages) {

@@ -94,7 +94,9 @@ TEST(Prefetcher, RecordsTimeSpentWaiting) {
       },
       0, 1);
   prefetcher.next();
-  EXPECT_GT(prefetcher.waited_seconds(), 0.0);
+  // The first item takes 50 ms to load and is asked for at once: most of that is waiting.
+  EXPECT_GE(prefetcher.waited_seconds(), 0.03);
+  EXPECT_LT(prefetcher.waited_seconds(), 5.0);
 }
 
 }  // namespace

@@ -41,7 +41,9 @@ struct DataSchema {
 
 // Expands each argument of --data: a glob (with *, ? or [) becomes its matches in name order;
 // a plain path stays as given. A glob that matches nothing is an InputError naming it.
-std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments);
+// `option` names the argument in messages.
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments,
+                                           const std::string& option = "--data");
 
 class SlabReader {
  public:

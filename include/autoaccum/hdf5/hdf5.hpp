@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,8 +22,12 @@ class Hdf5Error : public InputError {
   using InputError::InputError;
 };
 
-// Silences HDF5's automatic error-stack printing on this thread while alive; the wrapper reports
-// errors itself. (The setting is per thread in thread-safe HDF5, so each call site sets it.)
+// Held around every HDF5 call of this module. It takes the one process-wide (recursive) lock on
+// the HDF5 library, so the prefetch thread's slab reads and the main thread's run log,
+// checkpoint and validation reads never enter HDF5 at once: a library built without
+// --enable-threadsafe must not be, and a thread-safe one takes its own global lock anyway. And
+// it silences HDF5's automatic error-stack printing while alive: the wrapper reports errors
+// itself. (That setting is per thread in thread-safe HDF5, so each call site sets it.)
 class ErrorSilencer {
  public:
   ErrorSilencer();
@@ -31,6 +36,7 @@ class ErrorSilencer {
   ErrorSilencer& operator=(const ErrorSilencer&) = delete;
 
  private:
+  std::unique_lock<std::recursive_mutex> lock_;  // first: taken before, released after the rest
   H5E_auto2_t function_ = nullptr;
   void* data_ = nullptr;
 };
