@@ -13,6 +13,7 @@
 
 #include "autoaccum/cli/mpi_runtime.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/core/console.hpp"
 #include "autoaccum/core/error.hpp"
 
 namespace autoaccum::cli {
@@ -25,9 +26,8 @@ int world_rank() {
 }
 
 [[noreturn]] void abort_job(const char* what, ExitCode code) {
-  std::cerr << "autoaccum: rank " << world_rank() << ": error: " << what << std::endl;
   std::cerr.flush();
-  std::fflush(stderr);
+  core::write_line(stderr, "autoaccum: rank " + std::to_string(world_rank()) + ": error: " + what);
   MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
   std::_Exit(static_cast<int>(code));  // MPI_Abort does not return; be sure.
 }
@@ -50,8 +50,14 @@ int spmd_main(int argc, char** argv, const SpmdBody& body) {
       const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
       code = body(*world, args);
     } catch (const CollectiveError& e) {
-      if (world_rank() == 0) std::cerr << "autoaccum: error: " << e.what() << std::endl;
+      // Every rank knows the failure; rank 0 says it once. The barrier keeps the other ranks'
+      // non-zero exits (which make the launcher end the job) behind that line.
+      if (world_rank() == 0) core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
       code = static_cast<int>(e.exit_code());
+      try {
+        if (world) world->barrier();
+      } catch (const std::exception&) {
+      }
     } catch (const Error& e) {
       abort_job(e.what(), e.exit_code());
     } catch (const c10::Error& e) {

@@ -1,6 +1,8 @@
 // Observers: the run log and the progress lines.
 #include "autoaccum/train/observers.hpp"
 
+#include "autoaccum/core/console.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -82,8 +84,8 @@ void RunLogObserver::write(const std::string& status, const std::string& message
     else
       writer_.finish(status, message);
   } catch (const std::exception& e) {
-    std::cerr << "autoaccum: warning: run log not updated (" << e.what() << "); will retry"
-              << std::endl;
+    core::write_line(stderr, std::string("autoaccum: warning: run log not updated (") + e.what() +
+                                 "); will retry");
   }
 }
 

@@ -20,6 +20,7 @@
 #include "autoaccum/comm/factory.hpp"
 #include "autoaccum/comm/nccl_communicator.hpp"
 #include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/console.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/core/output_lock.hpp"
 #include "autoaccum/data/batch_plan.hpp"
@@ -265,7 +266,7 @@ void Trainer::State::take_outputs() {
   });
   for (const auto& lock : locks) {
     if (!lock->warning().empty() && !options.quiet)
-      std::cerr << "autoaccum: warning: " << lock->warning() << std::endl;
+      core::write_line(stderr, "autoaccum: warning: " + lock->warning());
   }
   // Holding the locks, no other writer exists: temporaries beside the outputs are a killed
   // writer's leftovers.
@@ -274,8 +275,8 @@ void Trainer::State::take_outputs() {
       if (output->empty()) continue;
       for (const auto& removed : remove_stale_temporaries(*output)) {
         if (!options.quiet)
-          std::cerr << "autoaccum: note: removed " << removed << ", left by a killed writer"
-                    << std::endl;
+          core::write_line(stderr,
+                           "autoaccum: note: removed " + removed + ", left by a killed writer");
       }
     }
   }
