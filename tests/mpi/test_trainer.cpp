@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/core/error.hpp"
 #include "autoaccum/data/importers.hpp"
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/run_log.hpp"
@@ -244,7 +246,7 @@ TEST_F(TrainerTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   }
 }
 
-TEST_F(TrainerTest, ARealBudgetForcesASmallerMicroBatchAndIsRespected) {
+TEST_F(TrainerTest, ARealBudgetSettlesAtTheEdgeOfWhatAFixedRunFits) {
   // Calibrate: peak bytes at the per-rank batch and at micro-batch 1, without a limit.
   const std::int64_t batch = 120 * world.size();
   auto peak_at = [&](std::int64_t m) {
@@ -273,11 +275,29 @@ TEST_F(TrainerTest, ARealBudgetForcesASmallerMicroBatchAndIsRespected) {
   memory::install_cpu_budget(0);
   EXPECT_LT(r.final_micro_batch, 120);
   EXPECT_GT(r.oom_events, 0);
-  if (world.rank() == 0) {
-    const auto log = io::read_run_log(o.run_log);
-    for (double peak : log.column("ranks", "peak_bytes")->values)
-      EXPECT_LE(peak, static_cast<double>(limit));
-  }
+
+  // The size found is right at the edge, judged by runs that do not search: under the same
+  // limit a fixed micro-batch of that size trains without an out-of-memory error, and one of
+  // twice that size (the size halving came down from) fails with one.
+  auto fixed_fits = [&](std::int64_t m) {
+    TrainOptions f = base(batch, 3);
+    f.hidden = {256, 256};
+    f.memory_limit = limit;
+    f.micro_batch = m;
+    bool fitted = true;
+    try {
+      Trainer t(f, world);
+      const TrainResult fr = t.run();
+      EXPECT_EQ(fr.oom_events, 0);
+    } catch (const autoaccum::CollectiveError& e) {
+      EXPECT_EQ(e.exit_code(), autoaccum::ExitCode::kOutOfMemory) << e.what();
+      fitted = false;
+    }
+    memory::install_cpu_budget(0);
+    return fitted;
+  };
+  EXPECT_TRUE(fixed_fits(r.final_micro_batch));
+  EXPECT_FALSE(fixed_fits(2 * r.final_micro_batch));
 
   // The same budget with --micro-batch-search refine: real OOMs from the probes, at least the
   // size halving found, the limit still respected, every rank at the same size.
@@ -294,10 +314,16 @@ TEST_F(TrainerTest, ARealBudgetForcesASmallerMicroBatchAndIsRespected) {
   EXPECT_LT(refined.final_micro_batch, 120);
   EXPECT_EQ(world.allreduce_max(refined.final_micro_batch),
             world.allreduce_min(refined.final_micro_batch));
+  // Refine stops when the smallest size that failed is within max(1, size / 16) of the size
+  // that fits: a fixed run that much larger fails, the size itself fits.
+  EXPECT_TRUE(fixed_fits(refined.final_micro_batch));
+  if (refined.final_micro_batch < 120) {
+    EXPECT_FALSE(fixed_fits(std::min<std::int64_t>(
+        120,
+        refined.final_micro_batch + std::max<std::int64_t>(1, refined.final_micro_batch / 16))));
+  }
   if (world.rank() == 0) {
     const auto log = io::read_run_log(o.run_log);
-    for (double peak : log.column("ranks", "peak_bytes")->values)
-      EXPECT_LE(peak, static_cast<double>(limit));
     EXPECT_EQ(log.attribute("status"), "completed");
     // It probed: either a probe fitted (a larger final size) or one ran out of memory after
     // step 0.
