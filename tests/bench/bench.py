@@ -93,10 +93,10 @@ class Runner:
         return float(np.median(steps["samples_per_second"][keep]))
 
 
-def ddp(micro_batch, steps, port):
+def ddp(micro_batch, steps, port, global_batch=GLOBAL_BATCH, extra=()):
     r = run(["/usr/bin/python3", os.path.join(ROOT, "tests", "bench", "ddp_baseline.py"),
-             "--ranks", RANKS, "--global-batch", GLOBAL_BATCH, "--micro-batch", micro_batch,
-             "--steps", steps, "--threads", 1, "--port", port])
+             "--ranks", RANKS, "--global-batch", global_batch, "--micro-batch", micro_batch,
+             "--steps", steps, "--threads", 1, "--port", port, *extra])
     return float(re.search(r"samples/s (\S+)", r.stdout).group(1))
 
 
@@ -230,6 +230,125 @@ def bench_auto(runner, peaks, reps, results):
         log(f"  -> {final}: final {got}, retries {retries}, extra seconds "
             f"{statistics.median(costs):.3f} (a normal step {normal:.3f} s)")
     results["search"] = search
+
+
+# The example GPT of jobs/models/gpt.py at the sizes jobs/lm.sh trains (byte-level, context 64,
+# width 64, 2 layers, 4 heads, tied head), on Debian's fortunes imported by `autoaccum import
+# text`. Global batch 256: 128 rows per rank, so micro-batch 64 accumulates two.
+LM = {"context": 64, "width": 64, "layers": 2, "heads": 4}
+LM_BATCH = 256
+LM_STEPS = 30
+
+
+def bench_lm(work, reps, results):
+    """Issue 14: the GPT on autoaccum against the same eager model in PyTorch DDP at micro-batch
+    8 and 64 (target >= 1.2), and auto against the best fixed micro-batch (within 2%)."""
+    log("== language model: the example GPT, autoaccum against PyTorch DDP (gloo, no_sync)")
+    data = os.path.join(work, "lm", "text-train.h5")
+    if not os.path.exists(data):
+        run(MPI[:-1] + ["1", BIN, "import", "text", "--out", os.path.dirname(data),
+                        "--context", LM["context"]])
+    model = os.path.join(work, "lm", "gpt.pt")
+    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", model]
+        + [a for k, v in LM.items() for a in (f"--{k}", v)])
+    runner = Runner(work, LM_STEPS)
+    extra = ["--model-file", model, "--optimizer", "adamw", "--lr", 0.003,
+             "--weight-decay", 0.01]
+    train = lambda m, **kw: runner.train(m, data=data, global_batch=LM_BATCH, extra=extra
+                                         + kw.pop("more", []), **kw)
+    sizes = [8, 64]
+    raw = {m: {"autoaccum": [], "ddp": [], "ratio": []} for m in sizes}
+    for rep in range(reps):
+        for m in sizes:
+            a = runner.steady(train(m))
+            d = ddp(m, LM_STEPS, 29700 + rep * 10 + sizes.index(m), global_batch=LM_BATCH,
+                    extra=["--model", "gpt", "--data", data, "--width", LM["width"],
+                           "--layers", LM["layers"], "--heads", LM["heads"]])
+            raw[m]["autoaccum"].append(a)
+            raw[m]["ddp"].append(d)
+            raw[m]["ratio"].append(a / d)
+            log(f"  rep {rep + 1}/{reps} m={m}: autoaccum {a:.0f}/s, DDP {d:.0f}/s, "
+                f"ratio {a / d:.2f}")
+    out = {"throughput": {str(m): {k: spread(v) for k, v in raw[m].items()} for m in sizes}}
+
+    log("== language model: automatic against hand-tuned (limit 0.4 of the way from the peak "
+        "of 32 to that of 64)")
+    peaks = {}
+    for m in [16, 32, 64]:
+        peaks[m] = int(train(m, steps=4)["peak_bytes"].max())
+        log(f"  m={m}: peak {peaks[m] / 2**20:.2f} MiB")
+    # Peak memory is linear in the micro-batch, so the midpoint would be the peak of 48 itself,
+    # a limit on a knife's edge; 0.4 of the way lets 44 fit and 48 not.
+    limit = peaks[32] + (peaks[64] - peaks[32]) * 2 // 5
+    candidates = [16, 24, 32, 40, 44, 48, 56]
+    autos, finals, refines, refine_finals, fixed, fits = [], [], [], [], {}, {}
+    for rep in range(reps):
+        auto = train("auto", limit=limit)
+        autos.append(runner.steady(auto))
+        finals.append(auto["final_micro_batch"])
+        refined = train("auto", limit=limit, more=["--micro-batch-search", "refine"])
+        refines.append(runner.steady(refined, skip=8))
+        refine_finals.append(refined["final_micro_batch"])
+        for m in candidates:
+            if fits.get(m) is False:
+                continue
+            got = train(m, limit=limit, check=False)
+            fits[m] = got is not None
+            if got is not None:
+                fixed.setdefault(m, []).append(runner.steady(got))
+        log(f"  rep {rep + 1}/{reps}: auto settled at {finals[-1]}: {autos[-1]:.0f}/s; refine at "
+            f"{refine_finals[-1]}: {refines[-1]:.0f}/s; fixed: "
+            + ", ".join(f"{m}: {v[-1]:.0f}" for m, v in fixed.items()))
+    best = max(fixed, key=lambda m: statistics.median(fixed[m]))
+    ratio = lambda xs: {"median": statistics.median(xs) / statistics.median(fixed[best]),
+                        "min": min(xs) / max(fixed[best]), "max": max(xs) / min(fixed[best])}
+    out["auto"] = {"limit": int(limit), "peaks": {str(m): v for m, v in peaks.items()},
+                   "finals": finals, "auto": spread(autos), "refine_finals": refine_finals,
+                   "refine": spread(refines), "best_m": best, "best_fixed": spread(fixed[best]),
+                   "fits": {str(m): v for m, v in fits.items()},
+                   "fixed": {str(m): spread(v) for m, v in fixed.items()},
+                   "ratio": ratio(autos), "refine_ratio": ratio(refines)}
+    log(f"  best fixed (by median) {best}: auto/best {out['auto']['ratio']['median']:.3f}, "
+        f"refine/best {out['auto']['refine_ratio']['median']:.3f}")
+    out["reps"] = reps
+    results["lm"] = out
+
+
+def render_lm(results):
+    lm = results["lm"]
+    lines = [f"Generated by `tests/bench/run.sh` on {results['date']} ({results['machine']}); "
+             f"{lm['reps']} repetitions, interleaved; medians (min-max). 2 ranks x 1 thread, "
+             f"the example GPT of `jobs/models/gpt.py` (context {LM['context']}, width "
+             f"{LM['width']}, {LM['layers']} layers, {LM['heads']} heads, tied head) on Debian's "
+             f"fortunes, AdamW, global batch {LM_BATCH} ({LM_BATCH // RANKS} rows per rank), "
+             f"{LM_STEPS} steps per run (the first 3 and any with OOM retries left out). DDP runs "
+             "the same model class eagerly with `no_sync` on the same rows held in memory; "
+             "autoaccum runs its TorchScript file and reads each batch from the HDF5 file.", "",
+             "| micro-batch | autoaccum samples/s | DDP samples/s | autoaccum / DDP | met (>= 1.2) |",
+             "|---|---|---|---|---|"]
+    for m, row in lm["throughput"].items():
+        ok = "yes" if row["ratio"]["median"] >= 1.2 else "**no**"
+        lines.append(f"| {m} | {fmt(row['autoaccum'], 0)} | {fmt(row['ddp'], 0)} | "
+                     f"{fmt(row['ratio'])} | {ok} |")
+    a = lm["auto"]
+    lines += ["", f"Automatic against hand-tuned: memory limit {a['limit'] / 2**20:.2f} MiB per "
+              "rank (0.4 of the way from the peak of micro-batch 32 to that of 64; peaks: " + ", ".join(
+                  f"{m}: {v / 2**20:.2f} MiB" for m, v in a["peaks"].items()) + "). Fixed "
+              "micro-batches under the same limit: " + ", ".join(
+                  f"{m} ({'fits' if ok else 'OOM'})" for m, ok in a["fits"].items()) + ".", "",
+              "| search | settled at | samples/s | best fixed m | its samples/s | auto / best "
+              "(range) | met (>= 0.98) |", "|---|---|---|---|---|---|---|"]
+    for name, key, finals in (("halve (default)", "ratio", a["finals"]),
+                              ("refine", "refine_ratio", a["refine_finals"])):
+        r = a[key]
+        value = a["auto"] if key == "ratio" else a["refine"]
+        lines.append(f"| {name} | {', '.join(map(str, finals))} | {fmt(value, 0)} | "
+                     f"{a['best_m']} | {fmt(a['best_fixed'], 0)} | {r['median']:.3f} "
+                     f"({r['min']:.3f}-{r['max']:.3f}) | "
+                     f"{'yes' if r['median'] >= 0.98 else '**no**'} |")
+    lines += ["", "Every fixed size that fits, medians (min-max): " + "; ".join(
+        f"{m}: {fmt(v, 0)}" for m, v in a["fixed"].items()) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def bench_allreduce(reps, results):
@@ -423,11 +542,11 @@ def render(results):
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text):
+def write_docs(text, section="bench"):
     path = os.path.join(ROOT, "docs", "benchmarks.md")
     with open(path) as f:
         doc = f.read()
-    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
     if begin not in doc:
         doc += f"\n{begin}\n{end}\n"
     head, rest = doc.split(begin, 1)
@@ -443,12 +562,14 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    parser.add_argument("--only", choices=["lm"],
+                        help="run one group (lm: the language model) and rewrite its tables")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the tables from build/bench/results.json without running")
     args = parser.parse_args()
     if args.render_only:
         with open(os.path.join(ROOT, "build", "bench", "results.json")) as f:
-            write_docs(render(json.load(f)))
+            write_all(json.load(f))
         return
     if args.quick:
         args.reps, args.steps = 1, 12
@@ -461,6 +582,9 @@ def main():
                "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
                           + cpu_name()}
     with tempfile.TemporaryDirectory(prefix="autoaccum-bench-") as work:
+        if args.only == "lm":
+            bench_lm(work, max(1, min(args.reps, 3)), results)
+            return finish(results, start, args)
         runner = Runner(work, args.steps)
         run([BIN, "synth", "--out", runner.data, "--rows", 16384, "--features", 784,
              "--classes", 10, "--seed", 1])
@@ -470,16 +594,38 @@ def main():
         bench_allreduce(max(1, min(args.reps, 3)), results)
         bench_data(runner, args.quick, results)
         bench_existing(args.reps, results)
+        bench_lm(work, max(1, min(args.reps, 3)), results)
+    finish(results, start, args)
+
+
+def finish(results, start, args):
+    """Saves the raw figures (merged into an earlier results.json for --only) and the tables."""
     results["seconds"] = time.time() - start
-    os.makedirs(os.path.join(ROOT, "build", "bench"), exist_ok=True)
-    with open(os.path.join(ROOT, "build", "bench", "results.json"), "w") as f:
+    if "lm" in results:
+        results["lm"]["meta"] = {k: results[k] for k in ("date", "machine")}
+    path = os.path.join(ROOT, "build", "bench", "results.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if args.only and os.path.exists(path):
+        with open(path) as f:
+            results = {**json.load(f), args.only: results[args.only]}
+    with open(path, "w") as f:
         json.dump(results, f, indent=1)
-    text = render(results)
-    print(text)
     if not args.no_docs:
-        write_docs(text)
+        write_all(results)
         log("docs/benchmarks.md updated")
     log(f"bench: {results['seconds'] / 60:.1f} minutes")
+
+
+def write_all(results):
+    """Rewrites every generated section the results hold."""
+    if "throughput" in results:
+        text = render(results)
+        print(text)
+        write_docs(text)
+    if "lm" in results:
+        text = render_lm({**results, **results["lm"].get("meta", {}), "lm": results["lm"]})
+        print(text)
+        write_docs(text, "bench-lm")
 
 
 def cpu_name():

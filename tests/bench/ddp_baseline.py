@@ -1,9 +1,14 @@
 #!/usr/bin/python3
-"""PyTorch DDP baseline for the throughput comparison (docs/benchmarks.md).
+"""PyTorch DDP baseline for the throughput comparisons (docs/benchmarks.md).
 
-The same model (MLP 784-512-512-10), global batch, micro-batch and threads as the autoaccum run;
-DistributedDataParallel over gloo with no_sync() on all but the last micro-batch, SGD with
-momentum. Data is random and already in memory (the baseline reads no files).
+The same model, global batch, micro-batch and threads as the autoaccum run;
+DistributedDataParallel over gloo with no_sync() on all but the last micro-batch.
+
+- `--model mlp` (default): MLP 784-512-512-10, SGD with momentum, random data in memory.
+- `--model gpt --data text-train.h5`: the example GPT of jobs/models/gpt.py, eager (the class
+  itself, not its TorchScript file), AdamW, each rank's rows of the first global batch of the
+  text file read into memory; cross-entropy summed over tokens and divided by the global batch's
+  token count, as autoaccum computes it.
 
     tests/bench/ddp_baseline.py --ranks 2 --global-batch 1024 --micro-batch 64 --steps 60
 Prints "samples/s <median over steps after warm-up>".
@@ -13,6 +18,8 @@ import contextlib
 import os
 import statistics
 import time
+
+import sys
 
 import torch
 import torch.distributed as dist
@@ -25,13 +32,35 @@ def worker(rank, args, results):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     per_rank = args.global_batch // args.ranks
-    x = torch.rand(per_rank, 784)
-    y = torch.randint(0, 10, (per_rank,))
+    if args.model == "gpt":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "jobs", "models"))
+        import gpt  # the example model's own class
+        import h5py
+        with h5py.File(args.data, "r") as f:
+            rows = slice(rank * per_rank, (rank + 1) * per_rank)
+            x = torch.from_numpy(f["x"][rows].astype("int64"))
+            y = torch.from_numpy(f["y"][rows].astype("int64"))
+        model = gpt.GPT(256, x.shape[1], args.width, args.layers, args.heads, 0.1)
+        denominator = args.global_batch * x.shape[1]  # every token counts
+    else:
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                    torch.nn.Linear(512, 10))
+        x = torch.rand(per_rank, 784)
+        y = torch.randint(0, 10, (per_rank,))
+        denominator = args.global_batch
+    if args.model == "gpt":
+        # The causal mask is a constant bool buffer, which gloo cannot broadcast: DDP leaves it
+        # alone (every rank builds the same one).
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, ["mask"])
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if args.model == "gpt":
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=0.003, weight_decay=0.01)
+    else:
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     times = []
     for step in range(args.steps):
         start = time.perf_counter()
@@ -42,7 +71,9 @@ def worker(rank, args, results):
             # no_sync() must cover the forward as well: DDP arms its all-reduce hooks in forward,
             # so a forward outside it all-reduces that micro-batch's gradients in backward.
             with ddp.no_sync() if k + 1 < len(micro) else contextlib.nullcontext():
-                loss = torch.nn.functional.cross_entropy(ddp(xb), yb, reduction="sum") / args.global_batch
+                out = ddp(xb)
+                loss = torch.nn.functional.cross_entropy(
+                    out.reshape(-1, out.shape[-1]), yb.reshape(-1), reduction="sum") / denominator
                 loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
@@ -60,6 +91,11 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--port", type=int, default=29581)
+    parser.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    parser.add_argument("--data", help="--model gpt: the text file (x, y [N, T])")
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
     args = parser.parse_args()
     results = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(worker, args=(args, results), nprocs=args.ranks, start_method="spawn")
