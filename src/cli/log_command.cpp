@@ -183,12 +183,28 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   }
   const auto rank = values(log, "ranks", "rank");
   const auto peak = values(log, "ranks", "peak_bytes");
+  // Each rank's sizes over the run (schema 3): "micro-batch 128 -> 64 -> 32 on 64 rows".
+  const auto size_rank = values(log, "rank_sizes", "rank");
+  const auto size_micro = values(log, "rank_sizes", "micro_batch");
+  const auto size_rows = values(log, "rank_sizes", "rows");
   if (!rank.empty()) {
     out << "\nRanks:\n";
     for (std::size_t i = 0; i < rank.size(); ++i) {
       out << "  rank " << integer(rank[i]) << " on "
           << (i < log.hostnames.size() ? log.hostnames[i] : "?") << ", peak "
-          << memory::format_bytes(static_cast<std::int64_t>(peak[i])) << "\n";
+          << memory::format_bytes(static_cast<std::int64_t>(peak[i]));
+      std::string sizes;
+      double last_micro = -1, last_rows = -1;
+      for (std::size_t k = 0; k < size_rank.size(); ++k) {
+        if (size_rank[k] != rank[i]) continue;
+        if (size_micro[k] != last_micro)
+          sizes += (sizes.empty() ? "" : " -> ") + integer(size_micro[k]);
+        last_micro = size_micro[k];
+        last_rows = size_rows[k];
+      }
+      if (!sizes.empty())
+        out << ", micro-batch " << sizes << " on " << integer(last_rows) << " rows";
+      out << "\n";
     }
   }
   out << "\nStatus: " << status << "\n";
@@ -197,7 +213,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
 void print_csv(const RunLogData& log, const std::string& group, std::ostream& out) {
   const auto it = log.groups.find(group);
   if (it == log.groups.end()) {
-    throw UsageError("--csv: '" + group + "' is not one of steps, oom, eval, ranks, resumes");
+    throw UsageError("--csv: '" + group +
+                     "' is not one of steps, oom, eval, ranks, resumes, rank_sizes");
   }
   const auto& columns = it->second;
   for (std::size_t c = 0; c < columns.size(); ++c)
@@ -243,7 +260,7 @@ Command log_command() {
   Command c;
   c.name = "log";
   c.summary = "Summarise run logs: micro-batch sizes chosen and why, OOMs, throughput, evaluation.";
-  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks|resumes]";
+  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks|resumes|rank_sizes]";
   c.options.add_options()("logs",
                           po::value<std::vector<std::string>>()->required()->value_name("RUN.h5"),
                           "run log(s); several give a comparison table")(

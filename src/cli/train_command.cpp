@@ -118,7 +118,36 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (comm::parse_backend(o.backend) == comm::Backend::kNccl && o.device != "cuda") {
     throw UsageError("--backend nccl needs --device cuda: NCCL reduces GPU memory only");
   }
-  o.memory_limit = memory::parse_size(vm["memory-limit"].as<std::string>());
+  {
+    const std::string text = vm["memory-limit"].as<std::string>();
+    std::vector<std::string> items;  // empty items kept: "8MiB,,16MiB" is an error
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');)
+      items.push_back(item);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const std::string what =
+          items.size() > 1 ? "--memory-limit (item " + std::to_string(i + 1) + " of '" + text + "')"
+                           : std::string("--memory-limit");
+      o.memory_limits.push_back(memory::parse_size(items[i], what));
+    }
+    if (o.memory_limits.empty()) throw UsageError("--memory-limit: '" + text + "' is empty");
+    o.memory_limit = o.memory_limits.front();
+    if (o.memory_limits.size() == 1) o.memory_limits.clear();
+  }
+  const std::string scope = vm["micro-batch-scope"].as<std::string>();
+  if (scope != "global" && scope != "rank")
+    throw UsageError("--micro-batch-scope: '" + scope + "' is not one of global, rank");
+  o.micro_batch_per_rank = scope == "rank";
+  const std::string balance = vm["balance"].as<std::string>();
+  if (balance != "none" && balance != "throughput")
+    throw UsageError("--balance: '" + balance + "' is not one of none, throughput");
+  o.balance = balance == "throughput";
+  o.balance_every = vm["balance-every"].as<std::int64_t>();
+  if (o.balance_every < 1)
+    throw UsageError("--balance-every must be at least 1 (got " + std::to_string(o.balance_every) +
+                     ")");
+  if (vm.count("inject-slow"))
+    o.inject_slow = train::parse_slow_injections(vm["inject-slow"].as<std::string>());
   if (vm.count("inject-oom"))
     o.inject_oom = memory::parse_oom_injections(vm["inject-oom"].as<std::string>());
   if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
@@ -200,8 +229,20 @@ Command train_command() {
       "device");
   add("backend", po::value<std::string>()->default_value("auto")->value_name("auto|mpi|nccl"),
       "gradient all-reduce backend");
-  add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE"),
-      "memory budget per rank, e.g. 96MiB; past it allocations fail as on a full GPU");
+  add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE[,SIZE..]"),
+      "memory budget per rank, e.g. 96MiB; past it allocations fail as on a full GPU. A list "
+      "gives rank i item i (cycling): mixed nodes, drills");
+  add("micro-batch-scope",
+      po::value<std::string>()->default_value("global")->value_name("global|rank"),
+      "global: any rank's out-of-memory halves every rank's micro-batch; rank: only the ranks "
+      "that ran out halve theirs (mixed hardware)");
+  add("balance", po::value<std::string>()->default_value("none")->value_name("none|throughput"),
+      "throughput: every --balance-every steps, share the global batch among the ranks in "
+      "proportion to their measured speed (mixed hardware; exact all the same)");
+  add("balance-every", po::value<std::int64_t>()->default_value(50)->value_name("N"),
+      "steps between two rebalances (--balance throughput)");
+  add("inject-slow", po::value<std::string>()->value_name("rank=R,factor=F[;...]"),
+      "drill: rank R takes F times as long per row (tests --balance on equal cores)");
   add("inject-oom", po::value<std::string>()->value_name("rank=R,above=M[,step=S][;...]"),
       "drill: rank R runs out of memory whenever a micro-batch has more than M rows");
   add("run-log", po::value<std::string>()->value_name("FILE.h5"),

@@ -91,6 +91,28 @@ std::vector<std::string> names_under(const hdf5::File& file, const std::string& 
   return out;
 }
 
+// A 1-D int64 dataset (written only when `values` is not empty; read back empty when absent, as
+// in checkpoints from before it existed).
+void write_integers(hdf5::File& file, const std::string& name,
+                    const std::vector<std::int64_t>& values) {
+  if (values.empty()) return;
+  auto dataset =
+      file.create_dataset(name, hdf5::DType::kInt64, {static_cast<std::int64_t>(values.size())});
+  dataset.write_rows(0, static_cast<std::int64_t>(values.size()), hdf5::DType::kInt64,
+                     values.data());
+}
+
+std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& name) {
+  std::vector<std::int64_t> values;
+  if (!file.has_dataset(name)) return values;
+  auto dataset = file.dataset(name);
+  values.resize(static_cast<std::size_t>(dataset.shape().at(0)));
+  if (!values.empty())
+    dataset.read_rows(0, static_cast<std::int64_t>(values.size()), hdf5::DType::kInt64,
+                      values.data());
+  return values;
+}
+
 }  // namespace
 
 std::string previous_checkpoint_path(const std::string& path) {
@@ -125,6 +147,9 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
                            state.data());
     }
     file.write_attribute("rng_ranks", static_cast<std::int64_t>(c.generator_states.size()));
+    write_integers(file, "micro_batches", c.micro_batches);
+    write_integers(file, "shares", c.shares);
+    write_integers(file, "shares_after", c.shares_after);
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
     file.write_attribute("format", std::string(kFormat));
@@ -181,6 +206,9 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.step = file.read_int_attribute("step");
   c.epoch = file.read_int_attribute("epoch");
   c.micro_batch = file.read_int_attribute("micro_batch");
+  c.micro_batches = read_integers(file, "micro_batches");
+  c.shares = read_integers(file, "shares");
+  c.shares_after = read_integers(file, "shares_after");
   c.world_size = file.read_int_attribute("world_size");
   c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
   for (const auto& name : names_under(file, "params")) {

@@ -64,6 +64,14 @@ const std::vector<Field<ResumeRow>>& resume_fields() {
   return fields;
 }
 
+const std::vector<Field<RankSizeRow>>& rank_size_fields() {
+  static const std::vector<Field<RankSizeRow>> fields = {{"step", &RankSizeRow::step},
+                                                         {"rank", &RankSizeRow::rank},
+                                                         {"micro_batch", &RankSizeRow::micro_batch},
+                                                         {"rows", &RankSizeRow::rows}};
+  return fields;
+}
+
 struct ColumnSpec {
   std::string name;
   bool integer;
@@ -81,7 +89,7 @@ const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
   static const std::vector<std::pair<std::string, std::vector<ColumnSpec>>> all = {
       {"steps", columns_of(step_fields())},     {"oom", columns_of(oom_fields())},
       {"eval", columns_of(eval_fields())},      {"ranks", {{"rank", true}, {"peak_bytes", true}}},
-      {"resumes", columns_of(resume_fields())},
+      {"resumes", columns_of(resume_fields())}, {"rank_sizes", columns_of(rank_size_fields())},
   };
   return all;
 }
@@ -205,6 +213,7 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
   writer.ooms_ = rows_of(existing, "oom", oom_fields());
   writer.evals_ = rows_of(existing, "eval", eval_fields());
   writer.resumes_ = rows_of(existing, "resumes", resume_fields());
+  writer.rank_sizes_ = rows_of(existing, "rank_sizes", rank_size_fields());
   // The previous run went on past its last checkpoint; this one computes those steps again.
   const auto later = [&](const auto& row) { return row.step >= resume_step; };
   const auto dropped = std::count_if(writer.steps_.begin(), writer.steps_.end(), later);
@@ -214,6 +223,9 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
                      writer.ooms_.end());
   writer.evals_.erase(std::remove_if(writer.evals_.begin(), writer.evals_.end(), later),
                       writer.evals_.end());
+  writer.rank_sizes_.erase(
+      std::remove_if(writer.rank_sizes_.begin(), writer.rank_sizes_.end(), later),
+      writer.rank_sizes_.end());
   writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped)});
   writer.final_micro_batch_ = std::stoll(existing.attribute("final_micro_batch", "0"));
   writer.write("running", "");
@@ -249,6 +261,7 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
     write_group(file, "oom", oom_fields(), ooms_);
     write_group(file, "eval", eval_fields(), evals_);
     write_group(file, "resumes", resume_fields(), resumes_);
+    write_group(file, "rank_sizes", rank_size_fields(), rank_sizes_);
     std::vector<std::int64_t> ranks;
     for (std::size_t r = 0; r < hostnames_.size(); ++r)
       ranks.push_back(static_cast<std::int64_t>(r));

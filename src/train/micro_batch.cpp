@@ -58,4 +58,61 @@ std::int64_t MicroBatchPolicy::accumulation(std::int64_t rows) const noexcept {
   return (rows + current_ - 1) / current_;
 }
 
+RankMicroBatches::RankMicroBatches(int world, std::int64_t per_rank_rows,
+                                   std::optional<std::int64_t> fixed,
+                                   const std::vector<std::int64_t>& resumed, bool refine,
+                                   bool per_rank)
+    : per_rank_(per_rank) {
+  if (world < 1) throw Error("RankMicroBatches: no ranks");
+  for (int r = 0; r < world; ++r) {
+    std::optional<std::int64_t> start;
+    if (!resumed.empty()) start = resumed[static_cast<std::size_t>(r) % resumed.size()];
+    policies_.emplace_back(per_rank_rows, fixed, start, refine);
+  }
+}
+
+std::vector<std::int64_t> RankMicroBatches::sizes() const {
+  std::vector<std::int64_t> out;
+  for (const auto& p : policies_)
+    out.push_back(p.current());
+  return out;
+}
+
+std::int64_t RankMicroBatches::largest() const {
+  std::int64_t m = 0;
+  for (const auto& p : policies_)
+    m = std::max(m, p.current());
+  return m;
+}
+
+bool RankMicroBatches::after_oom(const std::vector<int>& out_of_memory) {
+  bool possible = true;
+  for (std::size_t r = 0; r < policies_.size(); ++r) {
+    const bool ran_out = std::find(out_of_memory.begin(), out_of_memory.end(),
+                                   static_cast<int>(r)) != out_of_memory.end();
+    if (per_rank_ && !ran_out) continue;
+    const bool shrank = policies_[r].after_oom().has_value();
+    if (ran_out && !shrank) possible = false;
+  }
+  return possible;
+}
+
+std::vector<int> RankMicroBatches::after_success() {
+  std::vector<int> probing;
+  for (std::size_t r = 0; r < policies_.size(); ++r) {
+    if (policies_[r].after_success()) probing.push_back(static_cast<int>(r));
+  }
+  return probing;
+}
+
+std::string RankMicroBatches::describe() const {
+  const auto all = sizes();
+  if (std::all_of(all.begin(), all.end(), [&](std::int64_t m) { return m == all.front(); }))
+    return std::to_string(all.front());
+  std::string text;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    text += (r ? ", " : "") + std::to_string(all[r]);
+  return text;
+}
+
 }  // namespace autoaccum::train

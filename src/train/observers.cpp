@@ -35,15 +35,30 @@ std::string rate_text(double per_second) {
 
 }  // namespace
 
-void RunLogObserver::on_oom(const OomEvent& event) {
-  for (int r : event.ranks)
-    writer_.add(io::OomRow{event.step, r, event.micro_batch, event.next.value_or(0)});
+std::string sizes_text(const std::vector<std::int64_t>& sizes) {
+  std::string text;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text;
 }
 
-void RunLogObserver::on_step(const io::StepRow& row,
-                             const std::vector<std::int64_t>& per_rank_peaks) {
+void RunLogObserver::on_oom(const OomEvent& event) {
+  for (std::size_t i = 0; i < event.ranks.size(); ++i) {
+    writer_.add(io::OomRow{event.step, event.ranks[i], event.micro_batches.at(i),
+                           event.next.empty() ? 0 : event.next.at(i)});
+  }
+}
+
+void RunLogObserver::on_step(const io::StepRow& row, const RankFigures& ranks) {
   writer_.add(row);
-  writer_.set_peak_bytes(per_rank_peaks);
+  writer_.set_peak_bytes(ranks.peak_bytes);
+  logged_sizes_.resize(ranks.micro_batches.size(), {-1, -1});
+  for (std::size_t r = 0; r < ranks.micro_batches.size(); ++r) {
+    const std::pair<std::int64_t, std::int64_t> now{ranks.micro_batches[r], ranks.rows.at(r)};
+    if (logged_sizes_[r] == now) continue;
+    logged_sizes_[r] = now;
+    writer_.add(io::RankSizeRow{row.step, static_cast<std::int64_t>(r), now.first, now.second});
+  }
   final_micro_batch_ = row.micro_batch;
   ++steps_since_flush_;
   bool due = false;
@@ -97,14 +112,27 @@ ProgressObserver::ProgressObserver(std::int64_t every, std::int64_t first_step,
       global_batch_(global_batch) {}
 
 void ProgressObserver::on_oom(const OomEvent& event) {
-  if (!event.next) return;  // the run's error message says it
-  std::cout << event.ranks_text << " ran out of memory at micro-batch " << event.micro_batch
+  if (event.next.empty()) return;  // the run's error message says it
+  const bool several = event.micro_batches.size() > 1 &&
+                       std::any_of(event.micro_batches.begin(), event.micro_batches.end(),
+                                   [&](std::int64_t m) { return m != event.micro_batches[0]; });
+  std::cout << event.ranks_text << " ran out of memory at micro-batch" << (several ? "es " : " ")
+            << (several ? sizes_text(event.micro_batches) : std::to_string(event.micro_batches[0]))
             << event.where_text << (event.probe ? " (a probe)" : "") << " (limit "
-            << event.limit_text << "); all " << event.world << " ranks continue at " << *event.next
-            << std::endl;
+            << event.limit_text << "); ";
+  if (!event.per_rank) {
+    std::cout << "all " << event.world << " ranks continue at " << event.next[0] << std::endl;
+  } else {
+    std::cout << (event.ranks.size() > 1 ? "they continue at " : "it continues at ")
+              << sizes_text(event.next)
+              << (static_cast<std::int64_t>(event.ranks.size()) < event.world
+                      ? "; the other ranks keep theirs"
+                      : "")
+              << std::endl;
+  }
 }
 
-void ProgressObserver::on_step(const io::StepRow& row, const std::vector<std::int64_t>&) {
+void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks) {
   const std::int64_t done = row.step + 1;
   if (every_ <= 0 || !(done % every_ == 0 || done == total_steps_ || done == first_step_ + 1))
     return;
@@ -112,12 +140,26 @@ void ProgressObserver::on_step(const io::StepRow& row, const std::vector<std::in
   const double rate = static_cast<double>((done - first_step_) * global_batch_) / elapsed;
   const double eta =
       elapsed / static_cast<double>(done - first_step_) * static_cast<double>(total_steps_ - done);
-  char line[200];
-  std::snprintf(
-      line, sizeof line, "step %lld/%lld  loss %.4f  lr %.4g  m %lld x %lld  %s samples/s  ETA %s",
-      static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss, row.lr,
-      static_cast<long long>(row.micro_batch), static_cast<long long>(row.accumulation),
-      rate_text(rate).c_str(), duration_text(eta).c_str());
+  // "m 64 x 4", or per rank when the ranks differ: "m 16,32 x 4,2".
+  std::string sizes = std::to_string(row.micro_batch) + " x " + std::to_string(row.accumulation);
+  const auto& m = ranks.micro_batches;
+  const bool differ =
+      std::any_of(m.begin(), m.end(), [&](std::int64_t v) { return v != m.front(); }) ||
+      std::any_of(ranks.rows.begin(), ranks.rows.end(),
+                  [&](std::int64_t v) { return v > ranks.rows.front() + 1; });
+  if (differ && m.size() == ranks.rows.size()) {
+    std::vector<std::int64_t> counts;
+    for (std::size_t r = 0; r < m.size(); ++r)
+      counts.push_back((ranks.rows[r] + m[r] - 1) / std::max<std::int64_t>(m[r], 1));
+    std::string a = sizes_text(m), b = sizes_text(counts);
+    a.erase(std::remove(a.begin(), a.end(), ' '), a.end());
+    b.erase(std::remove(b.begin(), b.end(), ' '), b.end());
+    sizes = a + " x " + b;
+  }
+  char line[240];
+  std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.4g  m %s  %s samples/s  ETA %s",
+                static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss,
+                row.lr, sizes.c_str(), rate_text(rate).c_str(), duration_text(eta).c_str());
   std::cout << line << std::endl;
 }
 

@@ -12,6 +12,7 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
   control[layout.phase(rank)] = static_cast<float>(report.phase);
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
   control[layout.abandoned()] = report.abandoned ? 1.0f : 0.0f;
+  control[layout.compute_seconds(rank)] = static_cast<float>(report.compute_seconds);
 }
 
 const char* phase_name(AttemptPhase phase) noexcept {
@@ -36,6 +37,7 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
     outcome.peak_bytes.push_back(static_cast<std::int64_t>(reduced[layout.peak_kib(r)]) * 1024);
     outcome.phases.push_back(
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
+    outcome.compute_seconds.push_back(static_cast<double>(reduced[layout.compute_seconds(r)]));
   }
   outcome.stop = reduced[layout.stop()] > 0.5f;
   outcome.abandoned = reduced[layout.abandoned()] > 0.5f;

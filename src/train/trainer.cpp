@@ -12,6 +12,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <numeric>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -29,6 +30,7 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/balance.hpp"
 #include "autoaccum/train/evaluation.hpp"
 #include "autoaccum/train/micro_batch.hpp"
 #include "autoaccum/train/model_state.hpp"
@@ -137,7 +139,10 @@ struct Trainer::State {
   std::unique_ptr<ModelState> model_state;
   std::unique_ptr<OptimizerStep> optimizer;
   Schedule schedule;
-  std::unique_ptr<MicroBatchPolicy> policy;
+  std::unique_ptr<RankMicroBatches> micro_batches;  // every rank's micro-batch
+  std::unique_ptr<ShareSchedule> shares;            // every rank's rows of each step's batch
+  SpeedWindow speed_window;                         // --balance: rows and seconds since the last
+  double slow_factor = 1.0;                         // --inject-slow on this rank
 
   // The one all-reduced buffer and its regions.
   std::unique_ptr<ReduceBuffer> reduce;
@@ -171,7 +176,9 @@ struct Trainer::State {
 
   data::Batch read_rank_rows(std::int64_t global_step) const;
   StepOutcome attempt(const data::Batch& slab, std::int64_t m);
-  void after_out_of_memory(const StepOutcome& outcome, std::int64_t m);
+  void after_out_of_memory(const StepOutcome& outcome);
+  void rebalance(const std::vector<std::int64_t>& step_shares,
+                 const std::vector<double>& compute_seconds);
   void evaluate();
   void save_checkpoint();
   void restore(const io::Checkpoint& checkpoint);
@@ -188,15 +195,46 @@ struct Trainer::State {
   void finish(const std::string& status, const std::string& message = "") {
     if (finished) return;
     finished = true;
-    notify([&](StepObserver& o) { o.on_finish(status, message, policy->current()); });
+    notify([&](StepObserver& o) { o.on_finish(status, message, micro_batches->current(rank)); });
   }
   [[noreturn]] void fail_run(const std::string& message, ExitCode code) {
     finish("failed", message);
     throw CollectiveError(message, code, 0);
   }
-  std::string limit_text() const {
-    return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) + " per rank"
-                                    : std::string("no --memory-limit");
+  std::vector<std::string> say_later;  // notes from before the observers existed
+  std::string balance_text() const {
+    return options.balance ? "throughput, every " + std::to_string(options.balance_every) + " steps"
+                           : std::string("none");
+  }
+  // "none", "96.0 MiB", or a list: "8.0 MiB, 16.0 MiB (rank i: item i mod 2)".
+  std::string memory_limit_text() const {
+    const auto& all = options.memory_limits;
+    if (all.empty())
+      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) : "none";
+    std::string text;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      text += (i ? ", " : "") + (all[i] > 0 ? memory::format_bytes(all[i]) : std::string("none"));
+    return text + " (rank i: item i mod " + std::to_string(all.size()) + ")";
+  }
+  std::int64_t limit_of(int r) const {
+    const auto& all = options.memory_limits;
+    return all.empty() ? options.memory_limit : all[static_cast<std::size_t>(r) % all.size()];
+  }
+  // "16.0 MiB per rank", or with a list the limits of `ranks` ("8.0 MiB on rank 1").
+  std::string limit_text(const std::vector<int>& ranks = {}) const {
+    if (options.memory_limits.empty()) {
+      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) + " per rank"
+                                      : std::string("no --memory-limit");
+    }
+    std::vector<int> which = ranks;
+    if (which.empty()) which.push_back(rank);
+    std::string text;
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      const std::int64_t limit = limit_of(which[i]);
+      text += (i ? ", " : "") + (limit > 0 ? memory::format_bytes(limit) : std::string("none")) +
+              " on rank " + std::to_string(which[i]);
+    }
+    return text;
   }
   std::string model_name() const {
     return options.model_file.empty() ? "--model " + model->describe()
@@ -208,6 +246,10 @@ void Trainer::State::setup() {
   rank = comm.rank();
   world = comm.size();
   root = rank == 0;
+  options.memory_limit = limit_of(rank);  // --memory-limit A,B,...: this rank's item
+  for (const auto& slow : options.inject_slow) {
+    if (slow.rank == rank) slow_factor = slow.factor;
+  }
   control = ControlLayout{world};
   const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
   thread_source = threads.source;
@@ -324,8 +366,17 @@ void Trainer::State::open_data() {
             : static_cast<std::int64_t>(o.epochs * static_cast<double>(plan->batches_per_epoch()));
     if (total_steps < 1)
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
-    policy = std::make_unique<MicroBatchPolicy>(plan->max_rank_rows(), o.micro_batch, std::nullopt,
-                                                o.refine_micro_batch);
+    shares = std::make_unique<ShareSchedule>(even_shares(o.global_batch, world));
+    if (o.balance && o.micro_batch && *o.micro_batch * world > o.global_batch) {
+      throw UsageError("--balance throughput keeps every rank at least its micro-batch, but " +
+                       std::to_string(world) + " ranks x --micro-batch " +
+                       std::to_string(*o.micro_batch) + " is more than --global-batch " +
+                       std::to_string(o.global_batch) +
+                       ": lower --micro-batch or use --micro-batch auto");
+    }
+    micro_batches = std::make_unique<RankMicroBatches>(
+        world, plan->max_rank_rows(), o.micro_batch, std::vector<std::int64_t>{},
+        o.refine_micro_batch, o.micro_batch_per_rank);
     schedule = make_schedule(o.lr, o.warmup_steps, total_steps, o.schedule);
     if (o.lr <= 0 || !std::isfinite(o.lr)) throw UsageError("--lr must be positive");
   });
@@ -378,12 +429,15 @@ void Trainer::State::build_model() {
                      [&] { model_state = std::make_unique<ModelState>(*model, context.device); });
 }
 
+// This rank's rows of step `global_step`: its part of that step's global batch under the split
+// the schedule gives for the step (even, or balanced by speed).
 data::Batch Trainer::State::read_rank_rows(std::int64_t global_step) const {
   const std::int64_t per_epoch = plan->batches_per_epoch();
   const memory::UncountedScope staging;  // host staging, as pinned memory on a GPU
-  const data::RowRange rows =
-      plan->rank_rows(global_step / per_epoch, global_step % per_epoch, rank);
-  return reader->read(rows.begin, rows.end);
+  const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
+  const auto offsets = shares->offsets(global_step);
+  const auto r = static_cast<std::size_t>(rank);
+  return reader->read(batch.begin + offsets[r], batch.begin + offsets[r + 1]);
 }
 
 // One forward and loss on this rank's first rows, in eval mode and without gradients, so that
@@ -519,11 +573,6 @@ void Trainer::State::resume() {
 
 void Trainer::State::restore(const io::Checkpoint& c) {
   std::string problem;
-  if (c.world_size != world && root && !options.quiet) {
-    // Parameters are still valid; the micro-batch was learned for another per-rank batch.
-    std::cout << "note: the checkpoint was written by " << c.world_size << " rank(s); now " << world
-              << ": the micro-batch search starts again" << std::endl;
-  }
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : model->named_parameters()) {
     auto it = std::find_if(c.params.begin(), c.params.end(),
@@ -562,9 +611,48 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   }
   if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
   step = c.step;
-  if (c.world_size == world) {
-    policy = std::make_unique<MicroBatchPolicy>(plan->max_rank_rows(), options.micro_batch,
-                                                c.micro_batch, options.refine_micro_batch);
+  // The micro-batch learned before. What fits on a rank depends on its memory and the model, not
+  // on how many ranks share the batch: on the same ranks each continues at its own size; on
+  // another number of ranks the sizes are kept where they were equal, and with per-rank sizes
+  // (which belong to ranks that may no longer exist) every rank starts from the largest and
+  // halves where it must. Capped by the new per-rank batch either way.
+  std::vector<std::int64_t> saved = c.micro_batches;
+  if (saved.empty() && c.micro_batch > 0) saved.push_back(c.micro_batch);
+  std::string note;
+  if (!saved.empty() && c.world_size != world) {
+    const std::int64_t largest = *std::max_element(saved.begin(), saved.end());
+    const bool equal =
+        std::all_of(saved.begin(), saved.end(), [&](std::int64_t m) { return m == saved.front(); });
+    note = "the checkpoint was written by " + std::to_string(c.world_size) + " rank(s); now " +
+           std::to_string(world) + ": " +
+           (equal ? "every rank keeps micro-batch " + std::to_string(largest)
+                  : "per-rank micro-batches (" + sizes_text(saved) +
+                        ") do not map onto other ranks: every rank starts at " +
+                        std::to_string(largest) + " and halves where it runs out of memory") +
+           (largest > plan->max_rank_rows() ? " (capped at the new per-rank batch, " +
+                                                  std::to_string(plan->max_rank_rows()) + ")"
+                                            : "");
+    saved = {largest};
+  } else if (!saved.empty() && static_cast<int>(saved.size()) != world) {
+    saved = {*std::max_element(saved.begin(), saved.end())};
+  }
+  micro_batches =
+      std::make_unique<RankMicroBatches>(world, plan->max_rank_rows(), options.micro_batch, saved,
+                                         options.refine_micro_batch, options.micro_batch_per_rank);
+  if (!note.empty()) say_later.push_back(note);
+  // Balanced shares continue on the same ranks; on another number they start even again.
+  const auto valid = [&](const std::vector<std::int64_t>& v) {
+    return static_cast<int>(v.size()) == world &&
+           std::accumulate(v.begin(), v.end(), std::int64_t{0}) == options.global_batch &&
+           std::all_of(v.begin(), v.end(), [](std::int64_t n) { return n >= 1; });
+  };
+  if (options.balance && valid(c.shares) && valid(c.shares_after)) {
+    shares->change(step, c.shares);
+    shares->change(step + 1, c.shares_after);
+  } else if (options.balance && !c.shares.empty()) {
+    say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
+                        ") were for another number of ranks or global batch: the ranks start "
+                        "from an even split and balance again");
   }
 }
 
@@ -590,7 +678,7 @@ void Trainer::State::open_observers() {
       io::RunLogHeader header;
       header.world_size = world;
       header.global_batch = options.global_batch;
-      header.micro_batch_mode = policy->automatic() ? "auto" : "fixed";
+      header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
       header.command_line = options.command_line;
       header.started_at = io::utc_now();
       header.hostnames = hostnames;
@@ -603,8 +691,9 @@ void Trainer::State::open_observers() {
                        (reader->paths().size() > 1
                             ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
                             : "")},
-          {"memory_limit", options.memory_limit > 0 ? memory::format_bytes(options.memory_limit)
-                                                    : std::string("none")}};
+          {"memory_limit", memory_limit_text()},
+          {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
+          {"balance", balance_text()}};
       header.numbers = {
           {"lr", options.lr},
           {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
@@ -639,14 +728,23 @@ void Trainer::State::announce() {
   banner << "\nautoaccum: loss: " << objective->describe()
          << "\nautoaccum: " << reader->schema().rows << " rows, global batch "
          << options.global_batch << " (" << plan->batches_per_epoch() << " batches per epoch), "
-         << total_steps << " steps; micro-batch "
-         << (policy->automatic() ? "auto, starting at " : "fixed at ") << policy->current()
-         << "; memory limit "
-         << (options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) + " per rank"
-                                      : "none");
+         << total_steps << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
+         << (micro_batches->per_rank() ? " per rank" : "")
+         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
+         << "; memory limit " << memory_limit_text()
+         << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
+  if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
+  for (const auto& slow : options.inject_slow) {
+    banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
+           << "x slower per row (--inject-slow)";
+  }
   if (step > 0)
-    banner << "\nautoaccum: resumed at step " << step << " with micro-batch " << policy->current();
+    banner << "\nautoaccum: resumed at step " << step << " with micro-batch "
+           << micro_batches->describe();
   say(banner.str());
+  for (const auto& line : say_later)
+    say("note: " + line);
+  say_later.clear();
 }
 
 // One attempt at the current batch with micro-batch m. Every rank returns the same outcome: it
@@ -659,6 +757,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   // micro-batch (it matters on a GPU).
   at::Tensor local_loss, local_weight;
   memory::reset_peak();
+  const auto compute_start = Clock::now();
   memory::OomWatch watch;
   std::optional<AttemptGuard> guard;
   bool out_of_memory = false;
@@ -673,6 +772,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         abandoned = true;
         break;
       }
+      const auto micro_start = Clock::now();
       const data::Batch micro = slab.slice(offset, m);
       std::vector<at::Tensor> inputs;
       for (std::size_t i = 0; i < input_count; ++i)
@@ -702,6 +802,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
       terms.sum.backward();
       local_loss = local_loss.defined() ? local_loss + terms.sum.detach() : terms.sum.detach();
       local_weight = local_weight.defined() ? local_weight + terms.weight : terms.weight;
+      if (slow_factor != 1.0) {
+        // --inject-slow: as if this rank's hardware were `slow_factor` times slower per row.
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>((slow_factor - 1.0) * seconds_since(micro_start)));
+      }
       if (!checked_views) {
         if (!reduce->gradients_intact()) throw Error("internal: autograd replaced a gradient view");
         checked_views = true;
@@ -719,10 +824,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     local_loss = at::Tensor();
     local_weight = at::Tensor();
   }
-  write_report(control, rank,
-               RankReport{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone,
-                          memory::peak_bytes(), stop_requested(), abandoned},
-               control_values.data());
+  write_report(
+      control, rank,
+      RankReport{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone, memory::peak_bytes(),
+                 stop_requested(), abandoned, seconds_since(compute_start)},
+      control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
     at::Tensor slots = reduce->view(control_region);
@@ -752,32 +858,39 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   return outcome;  // otherwise the guard restores buffers and random state
 }
 
-void Trainer::State::after_out_of_memory(const StepOutcome& outcome, std::int64_t m) {
+void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
   OomEvent event;
   event.step = step;
   event.ranks = outcome.out_of_memory;
   event.ranks_text = outcome.ranks_text();
   event.where_text = outcome.phases_text();
-  event.micro_batch = m;
-  event.probe = policy->probing();
-  event.next = policy->after_oom();
+  for (int r : event.ranks) {
+    event.micro_batches.push_back(micro_batches->current(r));
+    event.probe = event.probe || micro_batches->probing(r);
+  }
+  const bool can_shrink = micro_batches->after_oom(event.ranks);
+  if (can_shrink) {
+    for (int r : event.ranks)
+      event.next.push_back(micro_batches->current(r));
+  }
+  event.per_rank = micro_batches->per_rank();
   event.world = world;
-  event.limit_text = limit_text();
+  event.limit_text = limit_text(options.memory_limits.empty() ? std::vector<int>{} : event.ranks);
   result.oom_events += static_cast<std::int64_t>(event.ranks.size());
   notify([&](StepObserver& o) { o.on_oom(event); });
-  if (!event.next) {
+  if (!can_shrink) {
     std::int64_t worst_peak = 0;
     for (int r : event.ranks)
       worst_peak = std::max(worst_peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
     std::ostringstream message;
-    message << event.ranks_text << " ran out of memory at micro-batch " << m << event.where_text
-            << " (limit " << event.limit_text << ", peak " << memory::format_bytes(worst_peak)
-            << ") at step " << step << ": ";
-    if (policy->automatic()) {
+    message << event.ranks_text << " ran out of memory at micro-batch "
+            << sizes_text(event.micro_batches) << event.where_text << " (limit " << event.limit_text
+            << ", peak " << memory::format_bytes(worst_peak) << ") at step " << step << ": ";
+    if (micro_batches->automatic()) {
       message << "the model does not fit even at micro-batch 1; raise --memory-limit, use more "
                  "ranks or a smaller model";
     } else {
-      message << "--micro-batch " << m
+      message << "--micro-batch " << event.micro_batches.front()
               << " is fixed; use --micro-batch auto to let autoaccum find a size that fits";
     }
     fail_run(message.str(), ExitCode::kOutOfMemory);
@@ -785,11 +898,34 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome, std::int64_
   memory::release_cached_memory();
 }
 
+// --balance throughput: every --balance-every steps, new shares in proportion to each rank's
+// measured rows per second since the last change, computed by every rank from the same reduced
+// numbers. They apply from the step after next: the prefetcher is already reading the next one.
+void Trainer::State::rebalance(const std::vector<std::int64_t>& step_shares,
+                               const std::vector<double>& compute_seconds) {
+  speed_window.add(step_shares, compute_seconds);
+  if (step % options.balance_every != 0 || step + 1 >= total_steps) return;
+  const std::vector<double> speeds = speed_window.speeds();
+  speed_window.clear();
+  if (std::any_of(speeds.begin(), speeds.end(), [](double v) { return !(v > 0); })) return;
+  std::vector<std::int64_t> floors;
+  for (int r = 0; r < world; ++r)
+    floors.push_back(std::min(micro_batches->current(r), options.global_batch / world));
+  const auto next = balanced_shares(options.global_batch, speeds, floors);
+  if (next == shares->shares(step + 1)) return;
+  shares->change(step + 1, next);
+  std::vector<std::int64_t> rates;
+  for (double v : speeds)
+    rates.push_back(static_cast<std::int64_t>(std::lround(v)));
+  say("step " + std::to_string(step) + ": rows per rank " + sizes_text(next) + " from step " +
+      std::to_string(step + 1) + " (measured rows/s " + sizes_text(rates) + ")");
+}
+
 void Trainer::State::evaluate() {
   if (!val_reader) return;
   const std::int64_t m = options.eval_micro_batch > 0
                              ? options.eval_micro_batch
-                             : std::max<std::int64_t>(policy->current() * 4, 256);
+                             : std::max<std::int64_t>(micro_batches->current(rank) * 4, 256);
   const EvalEvent event =
       train::evaluate(*model, *objective, *val_reader, comm, m, step,
                       [this](const at::Tensor& t) { return context.on_device(t); });
@@ -831,7 +967,12 @@ void Trainer::State::save_checkpoint() {
     io::Checkpoint c;
     c.step = step;
     c.epoch = step / plan->batches_per_epoch();
-    c.micro_batch = policy->current();
+    c.micro_batch = micro_batches->current(0);
+    c.micro_batches = micro_batches->sizes();
+    if (options.balance) {
+      c.shares = shares->shares(step);
+      c.shares_after = shares->shares(step + 1);
+    }
     c.world_size = world;
     c.seed = options.seed;
     // Host copies (a no-op on the CPU): the checkpoint writer reads host memory.
@@ -878,7 +1019,6 @@ TrainResult Trainer::run_steps() {
   data::Prefetcher prefetcher(
       [&s](std::int64_t global_step) { return s.read_rank_rows(global_step); }, s.step,
       s.total_steps);
-  const std::int64_t rank0_rows = data::BatchPlan::rank_part(o.global_batch, s.world, 0).size();
   double last_loss = 0;
 
   while (s.step < s.total_steps) {
@@ -894,13 +1034,12 @@ TrainResult Trainer::run_steps() {
     s.allreduce_seconds = 0;
     StepOutcome outcome;
     for (;;) {
-      const std::int64_t m = s.policy->current();
       const auto attempt_start = Clock::now();
-      outcome = s.attempt(slab, m);
+      outcome = s.attempt(slab, s.micro_batches->current(s.rank));
       if (outcome.succeeded() || outcome.abandoned) break;
       retry_seconds += seconds_since(attempt_start);
       ++retries;
-      s.after_out_of_memory(outcome, m);
+      s.after_out_of_memory(outcome);
     }
 
     if (outcome.abandoned) {
@@ -934,6 +1073,7 @@ TrainResult Trainer::run_steps() {
             ": non-finite loss or gradient on some rank; step skipped (" +
             std::to_string(s.result.skipped_steps) + " so far)");
     }
+    const std::vector<std::int64_t> step_shares = s.shares->shares(s.step);
     ++s.step;
     last_loss = outcome.loss;
 
@@ -942,8 +1082,8 @@ TrainResult Trainer::run_steps() {
     io::StepRow row;
     row.step = s.step - 1;
     row.epoch = (s.step - 1) / per_epoch;
-    row.micro_batch = s.policy->current();
-    row.accumulation = s.policy->accumulation(rank0_rows);
+    row.micro_batch = s.micro_batches->current(0);
+    row.accumulation = s.micro_batches->accumulation(0, step_shares.front());
     row.loss = outcome.loss;
     row.lr = lr;
     row.step_seconds = step_seconds;
@@ -955,7 +1095,12 @@ TrainResult Trainer::run_steps() {
     row.live_bytes = memory::live_bytes();
     row.allreduce_seconds = s.allreduce_seconds;
     row.retry_seconds = retry_seconds;
-    s.notify([&](StepObserver& observer) { observer.on_step(row, s.peak_bytes); });
+    RankFigures figures;
+    figures.peak_bytes = s.peak_bytes;
+    figures.micro_batches = s.micro_batches->sizes();
+    figures.rows = step_shares;
+    s.notify([&](StepObserver& observer) { observer.on_step(row, figures); });
+    if (o.balance) s.rebalance(step_shares, outcome.compute_seconds);
 
     // Evaluation, checkpoints, signals, and the next size to probe.
     if (o.eval_every > 0 && s.step % o.eval_every == 0 && s.step < s.total_steps) s.evaluate();
@@ -970,9 +1115,14 @@ TrainResult Trainer::run_steps() {
       s.result.preempted = true;
       break;
     }
-    if (s.step < s.total_steps && s.policy->after_success())
-      s.say("probing micro-batch " + std::to_string(s.policy->current()) + " at step " +
+    const std::vector<int> probing =
+        s.step < s.total_steps ? s.micro_batches->after_success() : std::vector<int>{};
+    if (!probing.empty() && !s.micro_batches->per_rank())
+      s.say("probing micro-batch " + std::to_string(s.micro_batches->current(0)) + " at step " +
             std::to_string(s.step));
+    for (int r : s.micro_batches->per_rank() ? probing : std::vector<int>{})
+      s.say("rank " + std::to_string(r) + " probes micro-batch " +
+            std::to_string(s.micro_batches->current(r)) + " at step " + std::to_string(s.step));
   }
 
   if (!s.result.preempted) {
@@ -981,7 +1131,8 @@ TrainResult Trainer::run_steps() {
     s.finish("completed");
   }
   s.result.steps_done = s.step;
-  s.result.final_micro_batch = s.policy->current();
+  s.result.final_micro_batch = s.micro_batches->current(s.rank);
+  s.result.final_micro_batches = s.micro_batches->sizes();
   s.result.final_loss = last_loss;
   return s.result;
 }

@@ -21,9 +21,11 @@ SCHEMA = {
     "oom": ["step", "rank", "micro_batch", "next_micro_batch"],
     "eval": ["step", "loss", "accuracy"],
     "ranks": ["rank", "hostname", "peak_bytes"],
+    "rank_sizes": ["step", "rank", "micro_batch", "rows"],
 }
 ROOT_ATTRIBUTES = ["format", "schema_version", "world_size", "global_batch", "micro_batch_mode",
-                   "command_line", "started_at", "status", "final_micro_batch"]
+                   "micro_batch_scope", "balance", "command_line", "started_at", "status",
+                   "final_micro_batch"]
 
 
 def text(value):
@@ -91,7 +93,7 @@ class RunLogEndToEnd(Run):
             for name in ROOT_ATTRIBUTES:
                 self.assertIn(name, f.attrs, name)
             self.assertEqual(text(f.attrs["format"]), "autoaccum.runlog")
-            self.assertEqual(int(f.attrs["schema_version"]), 2)
+            self.assertEqual(int(f.attrs["schema_version"]), 3)
             self.assertEqual(int(f.attrs["world_size"]), 2)
             self.assertEqual(int(f.attrs["global_batch"]), 200)
             self.assertEqual(text(f.attrs["micro_batch_mode"]), "auto")
@@ -122,6 +124,11 @@ class RunLogEndToEnd(Run):
             np.testing.assert_array_equal(f["ranks/rank"][:], [0, 1])
             self.assertEqual(len(f["ranks/hostname"]), 2)
             self.assertTrue(np.all(f["ranks/peak_bytes"][:] > 0))
+            # Every rank's sizes as changes: both ranks at 25 on 100 rows from step 0 (the size
+            # of the attempt that succeeded), nothing changed after.
+            sizes = [tuple(int(v) for v in row) for row in zip(
+                *(f[f"rank_sizes/{c}"][:] for c in SCHEMA["rank_sizes"]))]
+            self.assertEqual(sizes, [(0, 0, 25, 100), (0, 1, 25, 100)])
             steps_h5 = {c: f[f"steps/{c}"][:] for c in SCHEMA["steps"]}
 
         # The summary names the OOM and the final size.

@@ -133,12 +133,17 @@ def rank_parts(rows, world):
 
 
 def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, lr,
-                    momentum=0.0, weight_decay=0.0, optimizer="sgd"):
+                    momentum=0.0, weight_decay=0.0, optimizer="sgd", parts=None):
     """PyTorch's own computation of what autoaccum promises, with --shuffle none: each rank
     walks its part of each batch in micro-batches (BatchNorm in train mode sees one
     micro-batch at a time and updates its statistics each time), the gradient is the sum over
     ranks and micro-batches of (summed loss / B), and floating buffers end each step as the
-    mean over the ranks of what each rank's micro-batches made of them."""
+    mean over the ranks of what each rank's micro-batches made of them.
+
+    `micro_batch`: one size, or a function (step, rank) -> size (per-rank sizes). `parts`: a
+    function step -> [(begin, end) per rank] (uneven shares); default rank_parts."""
+    size_of = micro_batch if callable(micro_batch) else (lambda step, rank: micro_batch)
+    parts_of = parts or (lambda step: rank_parts(global_batch, world))
     model = torch.jit.load(model_path)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -148,15 +153,16 @@ def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, l
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     buffers = dict(model.named_buffers())
     for step in range(steps):
-        start = step * global_batch
+        start = step % (len(x) // global_batch) * global_batch  # --shuffle none, epochs wrap
         opt.zero_grad()
         before = {n: b.clone() for n, b in buffers.items()}
         after = {n: [] for n in buffers}
-        for lo, hi in rank_parts(global_batch, world):
+        for rank, (lo, hi) in enumerate(parts_of(step)):
             for n, b in buffers.items():
                 b.copy_(before[n])
-            for m0 in range(lo, hi, micro_batch):
-                m1 = min(hi, m0 + micro_batch)
+            size = size_of(step, rank)
+            for m0 in range(lo, hi, size):
+                m1 = min(hi, m0 + size)
                 xb = torch.from_numpy(x[start + m0:start + m1])
                 yb = torch.from_numpy(y[start + m0:start + m1])
                 loss = F.cross_entropy(model(xb), yb, reduction="sum") / global_batch
@@ -172,6 +178,26 @@ def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, l
                         sum((a - before[n]).double() for a in after[n]) / world).to(b.dtype))
         opt.step()
     return model
+
+
+def rank_sizes(run_log):
+    """From a run log's rank_sizes group (schema 3): (micro-batch(step, rank), parts(step)) as
+    the reference wants them, and the raw rows."""
+    with h5py.File(run_log, "r") as f:
+        g = {c: f[f"rank_sizes/{c}"][:] for c in ("step", "rank", "micro_batch", "rows")}
+        world = int(f.attrs["world_size"])
+
+    def latest(step, rank, column):
+        rows = [i for i in range(len(g["step"])) if g["rank"][i] == rank and g["step"][i] <= step]
+        return int(g[column][rows[-1]])
+
+    def parts(step):
+        out, begin = [], 0
+        for r in range(world):
+            out.append((begin, begin + latest(step, r, "rows")))
+            begin = out[-1][1]
+        return out
+    return (lambda step, rank: latest(step, rank, "micro_batch")), parts, g
 
 
 def checkpoint_tensors(path):

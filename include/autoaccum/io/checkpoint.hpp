@@ -14,7 +14,14 @@ namespace autoaccum::io {
 struct Checkpoint {
   std::int64_t step = 0;         // optimizer steps completed
   std::int64_t epoch = 0;        // epoch of the next step
-  std::int64_t micro_batch = 0;  // the micro-batch size in use
+  std::int64_t micro_batch = 0;  // the micro-batch size in use (rank 0's)
+  // Every rank's micro-batch (they differ under --micro-batch-scope rank), at micro_batches;
+  // empty in checkpoints written before autoaccum saved them.
+  std::vector<std::int64_t> micro_batches;
+  // Every rank's rows of the global batch at the next step and at the one after (--balance
+  // changes apply a step late), at shares and shares_after; empty: the even split.
+  std::vector<std::int64_t> shares;
+  std::vector<std::int64_t> shares_after;
   std::int64_t world_size = 1;
   std::uint64_t seed = 0;
   std::vector<std::pair<std::string, at::Tensor>> params;   // params/<name>

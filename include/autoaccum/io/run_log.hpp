@@ -12,7 +12,8 @@ namespace autoaccum::io {
 
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
-inline constexpr std::int64_t kRunLogSchemaVersion = 2;
+// 3: the `rank_sizes` group (every rank's micro-batch and rows).
+inline constexpr std::int64_t kRunLogSchemaVersion = 3;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -30,6 +31,17 @@ struct StepRow {
   std::int64_t live_bytes = 0;   // rank 0's live tensor bytes after the step
   double allreduce_seconds = 0;  // rank 0's time in the step's gradient all-reduce(s)
   double retry_seconds = 0;      // time spent in this step's attempts that ran out of memory
+};
+
+// Rank `rank` used micro-batch `micro_batch` on `rows` rows of the global batch from step `step`
+// on: a row at the first step, whenever either changes, and at a resume. A rank's sizes at step
+// s are those of its last row at or before s (per-rank micro-batches differ under
+// --micro-batch-scope rank).
+struct RankSizeRow {
+  std::int64_t step = 0;
+  std::int64_t rank = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t rows = 0;
 };
 
 struct OomRow {
@@ -83,6 +95,7 @@ class RunLogWriter {
   void add(const StepRow& row) { steps_.push_back(row); }
   void add(const OomRow& row) { ooms_.push_back(row); }
   void add(const EvalRow& row) { evals_.push_back(row); }
+  void add(const RankSizeRow& row) { rank_sizes_.push_back(row); }
   void set_peak_bytes(std::vector<std::int64_t> per_rank) { peak_bytes_ = std::move(per_rank); }
   void set_final_micro_batch(std::int64_t m) { final_micro_batch_ = m; }
   std::size_t rows() const noexcept { return steps_.size() + ooms_.size() + evals_.size(); }
@@ -104,6 +117,7 @@ class RunLogWriter {
   std::vector<OomRow> ooms_;
   std::vector<EvalRow> evals_;
   std::vector<ResumeRow> resumes_;
+  std::vector<RankSizeRow> rank_sizes_;
   std::vector<std::int64_t> peak_bytes_;
   std::int64_t final_micro_batch_ = 0;
 };
@@ -117,7 +131,8 @@ struct RunLogData {
     bool integer = false;
     std::vector<double> values;
   };
-  // group -> columns in schema order ("steps", "oom", "eval", "ranks", "resumes")
+  // group -> columns in schema order ("steps", "oom", "eval", "ranks", "resumes",
+  // "rank_sizes")
   std::map<std::string, std::vector<Column>> groups;
   std::vector<std::string> hostnames;
   const Column* column(const std::string& group, const std::string& name) const;

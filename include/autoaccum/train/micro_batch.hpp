@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace autoaccum::train {
 
@@ -41,6 +43,44 @@ class MicroBatchPolicy {
   std::int64_t per_rank_rows_ = 1;
   std::int64_t fitted_ = 0;  // the largest size that completed a step (0: none yet)
   std::int64_t failed_ = 0;  // the smallest size that ran out of memory (0: none yet)
+};
+
+// Every rank's micro-batch, held by every rank: one MicroBatchPolicy per rank, all driven by the
+// agreed outcome of each attempt (which ranks ran out of memory, whether the step succeeded), so
+// every rank knows every other rank's size without sending it.
+//
+// Scope global (--micro-batch-scope global, the default): any rank's out-of-memory shrinks every
+// rank's size, so the sizes stay equal. Scope rank: only the ranks that ran out shrink (a rank
+// with less memory no longer drags the others down); each rank's refine search runs on its own.
+class RankMicroBatches {
+ public:
+  // `resumed`: the sizes a checkpoint recorded, one per rank (or empty).
+  RankMicroBatches(int world, std::int64_t per_rank_rows, std::optional<std::int64_t> fixed,
+                   const std::vector<std::int64_t>& resumed, bool refine, bool per_rank);
+
+  std::int64_t current(int rank) const {
+    return policies_.at(static_cast<std::size_t>(rank)).current();
+  }
+  std::vector<std::int64_t> sizes() const;
+  std::int64_t largest() const;
+  bool automatic() const noexcept { return policies_.front().automatic(); }
+  bool per_rank() const noexcept { return per_rank_; }
+  bool probing(int rank) const { return policies_.at(static_cast<std::size_t>(rank)).probing(); }
+  std::int64_t accumulation(int rank, std::int64_t rows) const {
+    return policies_.at(static_cast<std::size_t>(rank)).accumulation(rows);
+  }
+
+  // After an attempt in which `out_of_memory` ran out (ascending): shrinks the sizes the scope
+  // says. Returns false when one of the ranks that ran out cannot shrink (fixed, or at 1).
+  bool after_oom(const std::vector<int>& out_of_memory);
+  // After a step that succeeded: the ranks whose refine search now probes a larger size.
+  std::vector<int> after_success();
+  // "64" when every rank has the same size, else "64, 32, 64" (rank order).
+  std::string describe() const;
+
+ private:
+  std::vector<MicroBatchPolicy> policies_;
+  bool per_rank_ = false;
 };
 
 }  // namespace autoaccum::train

@@ -18,12 +18,24 @@ struct OomEvent {
   std::vector<int> ranks;  // those that ran out
   std::string ranks_text;  // "rank 1" / "ranks 0, 2"
   std::string where_text;  // " in backward" / " (rank 0 in forward, rank 1 in backward)"
-  std::int64_t micro_batch = 0;
-  std::optional<std::int64_t> next;  // nothing: the run cannot shrink further
-  bool probe = false;                // the size was a refine probe
+  std::vector<std::int64_t> micro_batches;  // aligned with `ranks`: the size each ran out at
+  std::vector<std::int64_t> next;  // aligned with `ranks`: each one's next size; empty: the run
+                                   // cannot shrink further and stops
+  bool per_rank = false;           // --micro-batch-scope rank: the other ranks keep their sizes
+  bool probe = false;              // the size was a refine probe
   std::int64_t world = 1;
   std::string limit_text;  // "16.0 MiB per rank" | "no --memory-limit"
 };
+
+// Every rank's figures at a finished step, indexed by rank.
+struct RankFigures {
+  std::vector<std::int64_t> peak_bytes;     // the largest peak each has reported so far
+  std::vector<std::int64_t> micro_batches;  // the size each used in the step
+  std::vector<std::int64_t> rows;           // its part of the global batch
+};
+
+// "64" or "64, 32" (a list of sizes for messages).
+std::string sizes_text(const std::vector<std::int64_t>& sizes);
 
 struct EvalEvent {
   std::int64_t step = 0;
@@ -40,11 +52,10 @@ class StepObserver {
  public:
   virtual ~StepObserver() = default;
   virtual void on_oom(const OomEvent&) {}
-  // `row` is a finished optimizer step (row.step is 0-based); `per_rank_peaks` the largest peak
-  // each rank has reported so far.
-  virtual void on_step(const io::StepRow& row, const std::vector<std::int64_t>& per_rank_peaks) {
+  // `row` is a finished optimizer step (row.step is 0-based).
+  virtual void on_step(const io::StepRow& row, const RankFigures& ranks) {
     (void)row;
-    (void)per_rank_peaks;
+    (void)ranks;
   }
   virtual void on_eval(const EvalEvent&) {}
   virtual void on_message(const std::string&) {}  // notes for the user (probes, resume, skips)
@@ -67,7 +78,7 @@ class RunLogObserver final : public StepObserver {
   explicit RunLogObserver(io::RunLogWriter writer, std::int64_t flush_every = 0)
       : writer_(std::move(writer)), flush_every_(flush_every) {}
   void on_oom(const OomEvent& event) override;
-  void on_step(const io::StepRow& row, const std::vector<std::int64_t>& per_rank_peaks) override;
+  void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
   void on_finish(const std::string& status, const std::string& message,
                  std::int64_t final_micro_batch) override;
@@ -80,6 +91,7 @@ class RunLogObserver final : public StepObserver {
   double last_write_seconds_ = 0;
   std::int64_t steps_since_flush_ = 0;
   std::int64_t final_micro_batch_ = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> logged_sizes_;  // per rank: (m, rows)
 };
 
 // Progress lines on rank 0's standard output: the first step, every `every` steps and the
@@ -89,7 +101,7 @@ class ProgressObserver final : public StepObserver {
   ProgressObserver(std::int64_t every, std::int64_t first_step, std::int64_t total_steps,
                    std::int64_t global_batch);
   void on_oom(const OomEvent& event) override;
-  void on_step(const io::StepRow& row, const std::vector<std::int64_t>& per_rank_peaks) override;
+  void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
   void on_message(const std::string& line) override;
 

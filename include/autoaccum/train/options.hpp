@@ -10,6 +10,14 @@
 
 namespace autoaccum::train {
 
+// --inject-slow rank=R,factor=F: a drill that makes rank R take F times as long per row (it
+// sleeps F - 1 times each micro-batch's compute time), so balance is testable on equal cores.
+struct SlowInjection {
+  int rank = 0;
+  double factor = 1.0;
+};
+std::vector<SlowInjection> parse_slow_injections(const std::string& text);
+
 struct TrainOptions {
   std::vector<std::string> data;      // files or globs
   std::vector<std::string> val_data;  // files or globs; empty: no evaluation
@@ -42,7 +50,18 @@ struct TrainOptions {
   int threads = 0;  // 0: cores on the node / ranks on the node
   std::string device = "cpu";
   std::string backend = "auto";
-  std::int64_t memory_limit = 0;                 // bytes per rank; 0: none
+  std::int64_t memory_limit = 0;  // bytes per rank; 0: none
+  // --memory-limit A,B,...: rank i gets item i % size (mixed nodes, tests); when given, the
+  // trainer sets memory_limit to this rank's item.
+  std::vector<std::int64_t> memory_limits;
+  // --micro-batch-scope: false (global): any rank's out-of-memory halves every rank's
+  // micro-batch; true (rank): only the ranks that ran out halve theirs.
+  bool micro_batch_per_rank = false;
+  // --balance throughput: every balance_every steps the ranks re-split the global batch in
+  // proportion to their measured rows per second.
+  bool balance = false;
+  std::int64_t balance_every = 50;
+  std::vector<SlowInjection> inject_slow;
   std::vector<memory::OomInjection> inject_oom;  // --inject-oom drills
 
   std::string run_log;

@@ -30,7 +30,12 @@ struct ControlLayout {
   std::size_t stop() const { return static_cast<std::size_t>(3 * world + 2); }  // signals
   // Ranks that left micro-batches undone because a stop signal came between two of them.
   std::size_t abandoned() const { return static_cast<std::size_t>(3 * world + 3); }
-  std::int64_t count() const { return 3 * world + 4; }
+  // Seconds the rank spent computing its part of the attempt (before the collective): the
+  // speeds --balance throughput shares the batch by.
+  std::size_t compute_seconds(int rank) const {
+    return static_cast<std::size_t>(3 * world + 4 + rank);
+  }
+  std::int64_t count() const { return 4 * world + 4; }
 };
 
 // What one rank reports at the end of an attempt (the loss sum and its weight travel apart, as
@@ -41,6 +46,7 @@ struct RankReport {
   std::int64_t peak_bytes = 0;
   bool stop_requested = false;
   bool abandoned = false;  // stopped between micro-batches: the step's gradient is incomplete
+  double compute_seconds = 0;
 };
 // Writes `report` into this rank's slots of a zeroed host control array.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
@@ -49,6 +55,7 @@ struct StepOutcome {
   std::vector<int> out_of_memory;        // ranks that ran out of memory, ascending
   std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
   std::vector<AttemptPhase> phases;      // per rank: where it ran out (kNone: it did not)
+  std::vector<double> compute_seconds;   // per rank: its time computing, before the collective
   bool stop = false;                     // some rank received a stop signal
   bool abandoned = false;  // some rank stopped between micro-batches: the step is not taken
   double loss_sum = 0;     // the loss summed over everything the ranks counted

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "autoaccum/comm/communicator.hpp"
 #include "autoaccum/train/model.hpp"
@@ -16,6 +17,7 @@ namespace autoaccum::train {
 struct TrainResult {
   std::int64_t steps_done = 0;  // optimizer steps completed in total
   std::int64_t final_micro_batch = 0;
+  std::vector<std::int64_t> final_micro_batches;  // every rank's, by rank
   double final_loss = 0;
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;

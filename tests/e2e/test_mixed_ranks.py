@@ -1,0 +1,168 @@
+"""Mixed hardware: per-rank memory limits, per-rank micro-batches (--micro-batch-scope rank),
+shares balanced by measured speed (--balance throughput, with --inject-slow), and resuming on
+another number of ranks. Each result against PyTorch's own computation of the same global batch
+with the sizes and shares each rank used (read back from the run log's rank_sizes group), or
+against an uninterrupted run."""
+import os
+import re
+import shutil
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+import user_models as um
+from harness import autoaccum
+
+# ConvBnDropout(width=16) on 1x8x8 images: about 32 KiB + 16 KiB per row of a micro-batch
+# (measured: 16 rows 288 KiB, 32 rows 544 KiB, 64 rows 1056 KiB).
+SMALL, MEDIUM, LARGE = "300KiB", "600KiB", "1MiB"
+
+
+class MixedRanks(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="autoaccum-mixed-")
+        cls.x, cls.y = um.classification_data(256, (1, 8, 8), 4, seed=6)
+        cls.data = um.write_data(cls.path("images.h5"), cls.x, cls.y, classes=4)
+        # BatchNorm in train mode: its statistics depend on each micro-batch, so the reference
+        # must walk exactly the micro-batches each rank walked.
+        cls.model = um.save_scripted(um.ConvBnDropout(dropout=0.0, width=16),
+                                     cls.path("cbn.pt"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def path(cls, name):
+        return os.path.join(cls.dir, name)
+
+    def train(self, ranks, name, *args):
+        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        r = autoaccum(ranks, "train", "--data", self.data, "--model-file", self.model,
+                      "--threads", 1, "--shuffle", "none", "--lr", 0.1, "--momentum", 0,
+                      "--run-log", log, "--checkpoint", checkpoint, *args, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        return r, log, checkpoint
+
+    def final_sizes(self, log):
+        with h5py.File(log, "r") as f:
+            ranks, micro = f["rank_sizes/rank"][:], f["rank_sizes/micro_batch"][:]
+            world = int(f.attrs["world_size"])
+            self.assertEqual(f.attrs["schema_version"], 3)
+        return [int(micro[ranks == r][-1]) for r in range(world)]
+
+    def assert_equals_pytorch(self, world, log, checkpoint, global_batch, steps):
+        size_of, parts, _ = um.rank_sizes(log)
+        reference = um.reference_steps(self.model, self.x, self.y, world=world,
+                                       micro_batch=size_of, global_batch=global_batch,
+                                       steps=steps, lr=0.1, parts=parts)
+        um.assert_close_to_model(self, checkpoint, reference)
+
+    def test_two_ranks_each_halve_to_their_own_limit_and_equal_pytorch(self):
+        # 64 rows per rank: rank 0 (300 KiB) halves 64 -> 32 -> 16, rank 1 (600 KiB) only to 32.
+        r, log, checkpoint = self.train(2, "rank2", "--global-batch", 128, "--steps", 2,
+                                        "--memory-limit", f"{SMALL},{MEDIUM}",
+                                        "--micro-batch-scope", "rank")
+        self.assertEqual(self.final_sizes(log), [16, 32])
+        self.assertIn("the other ranks keep theirs", r.stdout)
+        self.assertIn("(limit 300.0 KiB on rank 0); it continues at 16", r.stdout)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(f.attrs["micro_batch_scope"], "rank")
+            oom = sorted(zip(f["oom/rank"][:], f["oom/micro_batch"][:], f["oom/next_micro_batch"][:]))
+        self.assertEqual(oom, [(0, 32, 16), (0, 64, 32), (1, 64, 32)])
+        self.assert_equals_pytorch(2, log, checkpoint, 128, 2)
+        # `autoaccum log` shows each rank's sizes.
+        summary = autoaccum(1, "log", log)
+        self.assertRegex(summary.stdout, r"rank 0 on .*micro-batch 64 -> 32 -> 16|"
+                                         r"rank 0 on .*micro-batch 16 on 64 rows")
+        self.assertRegex(summary.stdout, r"rank 1 on .*micro-batch 32 on 64 rows")
+
+        # The same limits with the default scope: every rank goes down to what rank 0 holds.
+        r, log, checkpoint = self.train(2, "global2", "--global-batch", 128, "--steps", 2,
+                                        "--memory-limit", f"{SMALL},{MEDIUM}")
+        self.assertEqual(self.final_sizes(log), [16, 16])
+        self.assertIn("all 2 ranks continue at", r.stdout)
+        self.assert_equals_pytorch(2, log, checkpoint, 128, 2)
+
+    def test_three_ranks_with_sizes_that_do_not_divide_their_part_equal_pytorch(self):
+        # 42 rows per rank: rank 0 ends at 10 (42 = 4 x 10 + 2), rank 1 at 21, rank 2 keeps 42.
+        _, log, checkpoint = self.train(3, "rank3", "--global-batch", 126, "--steps", 2,
+                                        "--memory-limit", f"{SMALL},{MEDIUM},{LARGE}",
+                                        "--micro-batch-scope", "rank")
+        self.assertEqual(self.final_sizes(log), [10, 21, 42])
+        self.assert_equals_pytorch(3, log, checkpoint, 126, 2)
+
+    def test_a_slow_rank_gets_fewer_rows_and_the_result_equals_pytorch(self):
+        for world, slow in ((2, 1), (3, 2)):
+            with self.subTest(world=world):
+                r, log, checkpoint = self.train(
+                    world, f"balance{world}", "--global-batch", 120, "--steps", 6,
+                    "--micro-batch", 8, "--balance", "throughput", "--balance-every", 2,
+                    "--inject-slow", f"rank={slow},factor=4", "--log-every", 1)
+                self.assertIn("rows per rank", r.stdout)
+                _, parts, sizes = um.rank_sizes(log)
+                first, last = parts(0), parts(5)
+                self.assertEqual(first, um.rank_parts(120, world))
+                rows = [hi - lo for lo, hi in last]
+                self.assertEqual(sum(rows), 120)
+                # The slow rank does a quarter of the work per second: its share shrinks, and
+                # never below its micro-batch.
+                self.assertLess(rows[slow], 120 // world - 10, rows)
+                self.assertGreaterEqual(min(rows), 8, rows)
+                with h5py.File(log, "r") as f:
+                    self.assertEqual(f.attrs["balance"], "throughput, every 2 steps")
+                self.assert_equals_pytorch(world, log, checkpoint, 120, 6)
+
+    def test_resume_on_another_number_of_ranks_continues_the_same_run(self):
+        x, y = um.classification_data(240, (8,), 3, seed=9)
+        data = um.write_data(self.path("flat.h5"), x, y, classes=3)
+        model = um.save_scripted(um.Tied(), self.path("tied.pt"))
+
+        def run(ranks, name, steps, *extra):
+            checkpoint = self.path(f"{name}.ckpt.h5")
+            r = autoaccum(ranks, "train", "--data", data, "--model-file", model, "--threads", 1,
+                          "--global-batch", 48, "--steps", steps, "--lr", 0.1,
+                          "--checkpoint", checkpoint, "--run-log", self.path(f"{name}.h5"),
+                          *extra, timeout=120)
+            self.assertEqual(r.returncode, 0, r)
+            return r, checkpoint
+
+        _, whole = run(2, "whole", 6)
+        for first, then in ((2, 3), (3, 2)):
+            with self.subTest(first=first, then=then):
+                name = f"resume{first}{then}"
+                run(first, name, 3)
+                r, resumed = run(then, name, 6, "--resume")
+                self.assertIn(f"the checkpoint was written by {first} rank(s); now {then}",
+                              r.stdout)
+                a, b = um.checkpoint_tensors(whole), um.checkpoint_tensors(resumed)
+                for key in a[0]:
+                    np.testing.assert_allclose(b[0][key], a[0][key], rtol=1e-5, atol=1e-7,
+                                               err_msg=key)
+                with h5py.File(self.path(f"{name}.h5"), "r") as f:
+                    self.assertEqual(list(f["steps/step"][:]), list(range(6)))
+                    self.assertEqual(list(f["resumes/step"][:]), [3])
+
+    def test_bad_limit_lists_and_scopes_are_one_line(self):
+        for args, needles in (
+                (["--memory-limit", "8MiB,lots"], ["--memory-limit (item 2 of '8MiB,lots')",
+                                                   "'lots' is not a size"]),
+                (["--memory-limit", "8MiB,,16MiB"], ["item 2"]),
+                (["--micro-batch-scope", "sideways"], ["--micro-batch-scope", "global, rank"]),
+                (["--inject-slow", "rank=1,factor=0"], ["--inject-slow", "factor must be positive"]),
+                (["--balance", "throughput", "--micro-batch", 32],
+                 ["--balance throughput", "2 ranks x --micro-batch 32", "--global-batch 63"])):
+            r = autoaccum(2, "train", "--data", self.data, "--model-file", self.model,
+                          "--global-batch", 63, "--steps", 1, *args, timeout=60)
+            self.assertEqual(r.returncode, 1, r)
+            errors = um.error_lines(r)
+            self.assertEqual(len(errors), 1, r)
+            for needle in needles:
+                self.assertIn(needle, errors[0], r)
+
+
+if __name__ == "__main__":
+    unittest.main()
