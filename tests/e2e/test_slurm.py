@@ -171,6 +171,42 @@ class Slurm(unittest.TestCase):
             for name in names:
                 np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
 
+    def test_a_later_job_continues_the_run_on_fewer_ranks(self):
+        # Job A: 2 ranks, 40 steps. Job B continues A's run on 1 rank to 80 steps. The result
+        # equals an uninterrupted 2-rank run of 80 steps (the sample sequence is global).
+        common = ["--data", self.data, "--log-every", "0"]
+        r = self.slurm("sbatch", "--wait", "--parsable", "--output",
+                       f"{self.dir}/runs/slurm-%j.out", SBATCH, *common, "--steps", "40",
+                       timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        first = r.stdout.strip().split(";")[0]
+        env = dict(self.env, AUTOACCUM_CONTINUE=first)
+        r = subprocess.run(["sbatch", "--wait", "--parsable", "--ntasks-per-node=1", "--output",
+                            f"{self.dir}/runs/slurm-%j.out", SBATCH, *common, "--steps", "80"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        second = r.stdout.strip().split(";")[0]
+        with open(f"{self.dir}/runs/slurm-{second}.out") as out:
+            output = out.read()
+        self.assertIn("1 task(s)", output)
+        self.assertIn("the checkpoint was written by 2 rank(s); now 1: every rank keeps "
+                      "micro-batch 12", output)
+        self.assertIn("resumed at step 40", output)
+        with h5py.File(f"{self.dir}/runs/{first}.h5", "r") as f:
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(80))
+            np.testing.assert_array_equal(f["resumes/step"][:], [40])
+        reference = f"{self.dir}/reference-80.ckpt.h5"
+        r = autoaccum(2, "train", "--config", CONFIG, *common, "--steps", "80",
+                      "--checkpoint", reference, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(f"{self.dir}/runs/{first}.ckpt.h5", "r") as a, \
+                h5py.File(reference, "r") as b:
+            self.assertEqual(int(a.attrs["step"]), 80)
+            self.assertEqual(int(a.attrs["world_size"]), 1)
+            for name in b["params"].keys():
+                np.testing.assert_allclose(a[f"params/{name}"][:], b[f"params/{name}"][:],
+                                           rtol=1e-5, atol=1e-7, err_msg=name)
+
 
 if __name__ == "__main__":
     unittest.main()
