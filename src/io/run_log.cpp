@@ -59,8 +59,9 @@ const std::vector<Field<EvalRow>>& eval_fields() {
   return fields;
 }
 const std::vector<Field<ResumeRow>>& resume_fields() {
-  static const std::vector<Field<ResumeRow>> fields = {
-      {"step", &ResumeRow::step}, {"dropped_steps", &ResumeRow::dropped_steps}};
+  static const std::vector<Field<ResumeRow>> fields = {{"step", &ResumeRow::step},
+                                                       {"dropped_steps", &ResumeRow::dropped_steps},
+                                                       {"world_size", &ResumeRow::world_size}};
   return fields;
 }
 
@@ -191,7 +192,8 @@ RunLogWriter RunLogWriter::create(const std::string& path, const RunLogHeader& h
   return writer;
 }
 
-RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_step) {
+RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_step,
+                                  const std::vector<std::string>& hostnames) {
   const RunLogData existing = read_run_log(path);  // checks the format
   RunLogWriter writer(path);
   {
@@ -226,7 +228,13 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
   writer.rank_sizes_.erase(
       std::remove_if(writer.rank_sizes_.begin(), writer.rank_sizes_.end(), later),
       writer.rank_sizes_.end());
-  writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped)});
+  if (!hostnames.empty() && hostnames.size() != writer.hostnames_.size()) {
+    writer.hostnames_ = hostnames;
+    writer.peak_bytes_.assign(hostnames.size(), 0);
+    writer.set("world_size", static_cast<std::int64_t>(hostnames.size()));
+  }
+  writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped),
+                                      static_cast<std::int64_t>(writer.hostnames_.size())});
   writer.final_micro_batch_ = std::stoll(existing.attribute("final_micro_batch", "0"));
   writer.write("running", "");
   return writer;

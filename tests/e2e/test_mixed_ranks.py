@@ -145,6 +145,11 @@ class MixedRanks(unittest.TestCase):
                 with h5py.File(self.path(f"{name}.h5"), "r") as f:
                     self.assertEqual(list(f["steps/step"][:]), list(range(6)))
                     self.assertEqual(list(f["resumes/step"][:]), [3])
+                    self.assertEqual(list(f["resumes/world_size"][:]), [then])
+                    self.assertEqual(int(f.attrs["world_size"]), then)
+                    self.assertEqual(len(f["ranks/hostname"]), then)
+                    ranks_seen = set(f["rank_sizes/rank"][f["rank_sizes/step"][:] >= 3])
+                    self.assertEqual(ranks_seen, set(range(then)))
 
     def test_bad_limit_lists_and_scopes_are_one_line(self):
         for args, needles in (

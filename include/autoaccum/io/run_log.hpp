@@ -62,6 +62,7 @@ struct EvalRow {
 struct ResumeRow {
   std::int64_t step = 0;
   std::int64_t dropped_steps = 0;
+  std::int64_t world_size = 0;  // ranks of the resumed run (schema 3; 0 in older logs)
 };
 
 struct RunLogHeader {
@@ -88,8 +89,11 @@ class RunLogWriter {
   static RunLogWriter create(const std::string& path, const RunLogHeader& header);
   // An existing log to continue (a run resumed at `resume_step`): checks its format, keeps its
   // attributes and rows but drops those logged at or after `resume_step`, records the resume in
-  // the `resumes` group, and writes it back with status "running".
-  static RunLogWriter append(const std::string& path, std::int64_t resume_step);
+  // the `resumes` group, and writes it back with status "running". `hostnames` are the resumed
+  // run's ranks: on another number of ranks they replace the `ranks` group (peaks start again)
+  // and `world_size`.
+  static RunLogWriter append(const std::string& path, std::int64_t resume_step,
+                             const std::vector<std::string>& hostnames = {});
 
   const std::string& path() const noexcept { return path_; }
   void add(const StepRow& row) { steps_.push_back(row); }
