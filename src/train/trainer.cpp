@@ -180,6 +180,8 @@ struct Trainer::State {
   void rebalance(const std::vector<std::int64_t>& step_shares,
                  const std::vector<double>& compute_seconds);
   void evaluate();
+  // A stop signal was agreed on: checkpoint, status "preempted", one line (`where` adds detail).
+  void stop_for_signal(const std::string& where);
   void save_checkpoint();
   void restore(const io::Checkpoint& checkpoint);
   std::vector<std::string> gather_generator_states();
@@ -921,6 +923,15 @@ void Trainer::State::rebalance(const std::vector<std::int64_t>& step_shares,
       std::to_string(step + 1) + " (measured rows/s " + sizes_text(rates) + ")");
 }
 
+void Trainer::State::stop_for_signal(const std::string& where) {
+  save_checkpoint();
+  finish("preempted");
+  say("autoaccum: stopped by a signal at step " + std::to_string(step) + where +
+      (options.checkpoint.empty() ? std::string(" (no --checkpoint given: progress is lost)")
+                                  : "; checkpoint written to " + options.checkpoint));
+  result.preempted = true;
+}
+
 void Trainer::State::evaluate() {
   if (!val_reader) return;
   const std::int64_t m = options.eval_micro_batch > 0
@@ -1046,14 +1057,9 @@ TrainResult Trainer::run_steps() {
       // A stop signal came between micro-batches: this step is not taken (its partial gradient
       // is dropped; buffers and random state were restored), the checkpoint holds the state
       // before it, and a resumed run computes it whole.
-      s.save_checkpoint();
-      s.finish("preempted");
-      s.say("autoaccum: stopped by a signal at step " + std::to_string(s.step) + " (in step " +
-            std::to_string(s.step + 1) +
-            ", between micro-batches: that step is dropped and computed again on resume)" +
-            (o.checkpoint.empty() ? std::string(" (no --checkpoint given: progress is lost)")
-                                  : "; checkpoint written to " + o.checkpoint));
-      s.result.preempted = true;
+      s.stop_for_signal(" (in step " + std::to_string(s.step + 1) +
+                        ", between micro-batches: that step is dropped and computed again on "
+                        "resume)");
       break;
     }
 
@@ -1107,12 +1113,7 @@ TrainResult Trainer::run_steps() {
     if (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0 && s.step < s.total_steps)
       s.save_checkpoint();
     if (outcome.stop && s.step < s.total_steps) {
-      s.save_checkpoint();
-      s.finish("preempted");
-      s.say("autoaccum: stopped by a signal at step " + std::to_string(s.step) +
-            (o.checkpoint.empty() ? std::string(" (no --checkpoint given: progress is lost)")
-                                  : "; checkpoint written to " + o.checkpoint));
-      s.result.preempted = true;
+      s.stop_for_signal("");
       break;
     }
     const std::vector<int> probing =
