@@ -1,4 +1,5 @@
 """Shared helpers for end-to-end tests: run autoaccum (or a probe) under mpiexec with a timeout."""
+import contextlib
 import os
 import subprocess
 import time
@@ -46,3 +47,17 @@ def synth(path, rows=2000, features=20, classes=4, seed=1):
     if r.returncode != 0:
         raise RuntimeError(f"autoaccum synth failed: {r}")
     return path
+
+
+@contextlib.contextmanager
+def small_disk(test, path, size):
+    """A tmpfs of `size` (e.g. "100k") mounted at `path` for the block, unmounted after; skips
+    the test where it cannot be mounted (not root, no tmpfs)."""
+    os.makedirs(path, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                      capture_output=True).returncode != 0:
+        test.skipTest("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True)

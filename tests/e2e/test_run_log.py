@@ -15,7 +15,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, synth, text
+from harness import BIN, MPIEXEC, autoaccum, synth, text, small_disk
 
 
 class RunLogIntegrity(unittest.TestCase):
@@ -85,11 +85,7 @@ class RunLogIntegrity(unittest.TestCase):
 
     def test_a_failed_write_then_a_good_one_leaves_each_row_once(self):
         disk = os.path.join(self.dir, "small-disk")
-        os.makedirs(disk)
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", disk],
-                          capture_output=True).returncode != 0:
-            self.skipTest("cannot mount a small tmpfs here (needs root)")
-        try:
+        with small_disk(self, disk, "2m"):
             log = os.path.join(disk, "log.h5")
             checkpoint = os.path.join(self.dir, "full.ckpt")
             errors = os.path.join(self.dir, "full.err")
@@ -113,8 +109,6 @@ class RunLogIntegrity(unittest.TestCase):
             np.testing.assert_array_equal(steps, np.arange(3000))
             with h5py.File(log, "r") as f:
                 self.assertEqual(text(f.attrs["status"]), "completed")
-        finally:
-            subprocess.run(["umount", "-l", disk], capture_output=True)
 
     def test_compressed_data_read_while_the_log_and_checkpoints_are_written(self):
         # The prefetch thread reads compressed chunks through HDF5 while the main thread writes

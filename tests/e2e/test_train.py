@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum
+from harness import BIN, MPIEXEC, autoaccum, small_disk
 
 SCHEMA = {
     "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
@@ -392,11 +392,7 @@ class Checkpoints(Run):
 
     def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_ones(self):
         disk = self.path("tiny")
-        os.makedirs(disk)
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", disk],
-                          capture_output=True).returncode != 0:
-            self.skipTest("cannot mount a small tmpfs here")
-        try:
+        with small_disk(self, disk, "100k"):
             checkpoint = os.path.join(disk, "c.h5")
             log = self.path("full.h5")
             r = autoaccum(2, "train", "--data", self.data, "--hidden", "64", "--threads", 1,
@@ -411,8 +407,6 @@ class Checkpoints(Run):
             with h5py.File(log, "r") as f:
                 self.assertEqual(text(f.attrs["status"]), "failed")
                 self.assertIn("No space left on device", text(f.attrs["error"]))
-        finally:
-            subprocess.run(["umount", disk])
 
     def test_truncated_checkpoint_without_a_previous_one_is_a_clear_error(self):
         checkpoint = self.path("lonely.h5")
