@@ -4,7 +4,6 @@ another number of ranks. Each result against PyTorch's own computation of the sa
 with the sizes and shares each rank used (read back from the run log's rank_sizes group), or
 against an uninterrupted run."""
 import os
-import re
 import shutil
 import tempfile
 import unittest

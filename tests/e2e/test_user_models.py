@@ -4,7 +4,6 @@ dropout streams, the setup trial's one-line errors, outputs owned by one job, ex
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
