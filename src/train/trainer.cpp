@@ -41,6 +41,8 @@
 #include "autoaccum/train/schedule.hpp"
 #include "autoaccum/train/step_agreement.hpp"
 
+#include "trainer_state.hpp"
+
 namespace autoaccum::train {
 namespace {
 
@@ -48,12 +50,6 @@ std::atomic<bool> g_stop{false};
 
 extern "C" void on_stop_signal(int) {
   g_stop.store(true);
-}
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 std::string hostname() {
@@ -78,26 +74,6 @@ void request_stop() noexcept {
   g_stop.store(true);
 }
 
-// The device the model runs on and the communicator its gradients travel through. --device
-// cuda: the model, micro-batches and the reduce buffer live on this rank's GPU and the buffer
-// goes through NCCL; the control plane stays on MPI.
-struct DeviceContext {
-  bool use_cuda = false;
-  c10::Device device{c10::kCPU};
-  std::unique_ptr<comm::Communicator> gradient_comm;
-  at::Tensor on_device(const at::Tensor& t) const {
-    return use_cuda ? t.to(device, /*non_blocking=*/true) : t;  // CPU: the view itself
-  }
-};
-
-// The default thread count: the CPUs this rank may run on (its affinity mask: Slurm's
-// --cpus-per-task, mpirun's binding, taskset), or, when the rank is not bound, the node's cores
-// shared among its ranks.
-struct ThreadChoice {
-  int count = 1;
-  std::string source;
-};
-
 ThreadChoice choose_threads(int requested, int local_ranks) {
   if (requested > 0) return {requested, "--threads"};
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -113,136 +89,6 @@ ThreadChoice choose_threads(int requested, int local_ranks) {
   return {std::max(1, cores / ranks),
           std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
 }
-
-struct Trainer::State {
-  TrainOptions options;
-  comm::Communicator& comm;
-  int rank = 0;
-  int world = 1;
-  bool root = false;
-  std::string thread_source;  // where the thread count came from, for the banner
-  DeviceContext context;
-  comm::Communicator& reduce_comm() {
-    return context.gradient_comm ? *context.gradient_comm : comm;
-  }
-
-  // Data.
-  std::unique_ptr<data::SlabReader> reader;
-  std::unique_ptr<data::SlabReader> val_reader;
-  std::unique_ptr<data::BatchPlan> plan;
-  std::int64_t total_steps = 0;
-  std::optional<Objective> objective;
-
-  // Model and what a step changes.
-  std::unique_ptr<Model> model;
-  ParameterSet parameters;
-  std::unique_ptr<ModelState> model_state;
-  std::unique_ptr<OptimizerStep> optimizer;
-  Schedule schedule;
-  std::unique_ptr<RankMicroBatches> micro_batches;  // every rank's micro-batch
-  std::unique_ptr<ShareSchedule> shares;            // every rank's rows of each step's batch
-  SpeedWindow speed_window;                         // --balance: rows and seconds since the last
-  double slow_factor = 1.0;                         // --inject-slow on this rank
-
-  // The one all-reduced buffer and its regions.
-  std::unique_ptr<ReduceBuffer> reduce;
-  ReduceLayout::Handle gradient_region = 0, buffer_region = 0, control_region = 0;
-  ControlLayout control;
-  std::vector<float> control_values;  // host copy of the control region
-  bool checked_views = false;
-  double allreduce_seconds = 0;  // this step's time in the all-reduce (rank's own)
-
-  std::int64_t step = 0;  // optimizer steps completed
-  std::vector<std::unique_ptr<OutputLock>> locks;
-  std::vector<std::string> hostnames;
-  std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
-  std::vector<std::unique_ptr<StepObserver>> observers;
-  bool finished = false;
-  TrainResult result;
-
-  State(const TrainOptions& o, comm::Communicator& c) : options(o), comm(c) {}
-
-  // Setup, in order; each piece is collective and leaves every rank agreeing.
-  void setup();
-  void choose_device();
-  void open_data();
-  void build_model();
-  void take_outputs();
-  void trial();
-  void allocate_step_state();
-  void resume();
-  void open_observers();
-  void announce();
-
-  data::Batch read_rank_rows(std::int64_t global_step) const;
-  StepOutcome attempt(const data::Batch& slab, std::int64_t m);
-  void after_out_of_memory(const StepOutcome& outcome);
-  void rebalance(const std::vector<std::int64_t>& step_shares,
-                 const std::vector<double>& compute_seconds);
-  void evaluate();
-  // A stop signal was agreed on: checkpoint, status "preempted", one line (`where` adds detail).
-  void stop_for_signal(const std::string& where);
-  void save_checkpoint();
-  void restore(const io::Checkpoint& checkpoint);
-  std::vector<std::string> gather_generator_states();
-
-  template <class Fn>
-  void notify(Fn&& fn) {
-    for (auto& observer : observers)
-      fn(*observer);
-  }
-  void say(const std::string& line) {
-    notify([&](StepObserver& o) { o.on_message(line); });
-  }
-  void finish(const std::string& status, const std::string& message = "") {
-    if (finished) return;
-    finished = true;
-    notify([&](StepObserver& o) { o.on_finish(status, message, micro_batches->current(rank)); });
-  }
-  [[noreturn]] void fail_run(const std::string& message, ExitCode code) {
-    finish("failed", message);
-    throw CollectiveError(message, code, 0);
-  }
-  std::vector<std::string> say_later;  // notes from before the observers existed
-  std::string balance_text() const {
-    return options.balance ? "throughput, every " + std::to_string(options.balance_every) + " steps"
-                           : std::string("none");
-  }
-  // "none", "96.0 MiB", or a list: "8.0 MiB, 16.0 MiB (rank i: item i mod 2)".
-  std::string memory_limit_text() const {
-    const auto& all = options.memory_limits;
-    if (all.empty())
-      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) : "none";
-    std::string text;
-    for (std::size_t i = 0; i < all.size(); ++i)
-      text += (i ? ", " : "") + (all[i] > 0 ? memory::format_bytes(all[i]) : std::string("none"));
-    return text + " (rank i: item i mod " + std::to_string(all.size()) + ")";
-  }
-  std::int64_t limit_of(int r) const {
-    const auto& all = options.memory_limits;
-    return all.empty() ? options.memory_limit : all[static_cast<std::size_t>(r) % all.size()];
-  }
-  // "16.0 MiB per rank", or with a list the limits of `ranks` ("8.0 MiB on rank 1").
-  std::string limit_text(const std::vector<int>& ranks = {}) const {
-    if (options.memory_limits.empty()) {
-      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) + " per rank"
-                                      : std::string("no --memory-limit");
-    }
-    std::vector<int> which = ranks;
-    if (which.empty()) which.push_back(rank);
-    std::string text;
-    for (std::size_t i = 0; i < which.size(); ++i) {
-      const std::int64_t limit = limit_of(which[i]);
-      text += (i ? ", " : "") + (limit > 0 ? memory::format_bytes(limit) : std::string("none")) +
-              " on rank " + std::to_string(which[i]);
-    }
-    return text;
-  }
-  std::string model_name() const {
-    return options.model_file.empty() ? "--model " + model->describe()
-                                      : "--model-file '" + options.model_file + "'";
-  }
-};
 
 void Trainer::State::setup() {
   rank = comm.rank();
@@ -541,123 +387,6 @@ void Trainer::State::allocate_step_state() {
   }
 }
 
-void Trainer::State::resume() {
-  if (!options.resume) return;
-  if (options.checkpoint.empty())
-    throw CollectiveError("--resume needs --checkpoint FILE", ExitCode::kUsage, 0);
-  // Rank 0 chooses which file to resume from and every rank reads that one: on a network file
-  // system with caching, ranks choosing alone could see different newest files.
-  std::optional<io::LoadedCheckpoint> loaded;
-  std::string chosen;
-  // The file's tensors are host staging, outside --memory-limit (on a GPU they would be host
-  // memory too): a small limit must not make a good checkpoint unreadable.
-  comm::collectively(comm, [&] {
-    if (!root) return;
-    const memory::UncountedScope staging;
-    loaded = io::read_latest_checkpoint(options.checkpoint);
-    if (loaded) chosen = loaded->path;
-  });
-  comm.broadcast(chosen, 0);
-  comm::collectively(comm, [&] {
-    if (root || chosen.empty()) return;
-    const memory::UncountedScope staging;
-    loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, ""};
-  });
-  if (!chosen.empty()) {
-    if (!loaded->warning.empty() && root && !options.quiet)
-      std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
-    restore(loaded->checkpoint);
-  } else if (root && !options.quiet) {
-    std::cout << "no checkpoint at " << options.checkpoint << " yet: starting from step 0"
-              << std::endl;
-  }
-}
-
-void Trainer::State::restore(const io::Checkpoint& c) {
-  std::string problem;
-  torch::NoGradGuard no_grad;
-  for (auto& [name, tensor] : model->named_parameters()) {
-    auto it = std::find_if(c.params.begin(), c.params.end(),
-                           [&](const auto& p) { return p.first == name; });
-    if (it == c.params.end() || it->second.numel() != tensor.numel()) {
-      problem = "'" + options.checkpoint + "' does not match the model: parameter '" + name + "'";
-      break;
-    }
-    tensor.copy_(it->second.view(tensor.sizes()));
-  }
-  for (auto& [name, tensor] : model->named_buffers()) {
-    auto it = std::find_if(c.buffers.begin(), c.buffers.end(),
-                           [&](const auto& p) { return p.first == name; });
-    if (it != c.buffers.end() && it->second.numel() == tensor.numel())
-      tensor.copy_(it->second.view(tensor.sizes()));
-  }
-  if (problem.empty()) {
-    try {
-      optimizer->load(c.optimizer, context.device);
-    } catch (const c10::Error& e) {
-      problem = "'" + options.checkpoint + "': optimizer state does not match: " + e.msg();
-    }
-  }
-  // Each rank continues its own random stream; a checkpoint of another world size (or one
-  // written before streams were saved) gives fresh streams for this step.
-  if (problem.empty()) {
-    if (static_cast<int>(c.generator_states.size()) == world) {
-      try {
-        model_state->set_generator_state(c.generator_states[static_cast<std::size_t>(rank)]);
-      } catch (const Error& e) {
-        problem = "'" + options.checkpoint + "': " + e.what();
-      }
-    } else {
-      seed_generators_for_rank(options.seed ^ static_cast<std::uint64_t>(c.step), rank);
-    }
-  }
-  if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
-  step = c.step;
-  // The micro-batch learned before. What fits on a rank depends on its memory and the model, not
-  // on how many ranks share the batch: on the same ranks each continues at its own size; on
-  // another number of ranks the sizes are kept where they were equal, and with per-rank sizes
-  // (which belong to ranks that may no longer exist) every rank starts from the largest and
-  // halves where it must. Capped by the new per-rank batch either way.
-  std::vector<std::int64_t> saved = c.micro_batches;
-  if (saved.empty() && c.micro_batch > 0) saved.push_back(c.micro_batch);
-  std::string note;
-  if (!saved.empty() && c.world_size != world) {
-    const std::int64_t largest = *std::max_element(saved.begin(), saved.end());
-    const bool equal =
-        std::all_of(saved.begin(), saved.end(), [&](std::int64_t m) { return m == saved.front(); });
-    note = "the checkpoint was written by " + std::to_string(c.world_size) + " rank(s); now " +
-           std::to_string(world) + ": " +
-           (equal ? "every rank keeps micro-batch " + std::to_string(largest)
-                  : "per-rank micro-batches (" + sizes_text(saved) +
-                        ") do not map onto other ranks: every rank starts at " +
-                        std::to_string(largest) + " and halves where it runs out of memory") +
-           (largest > plan->max_rank_rows() ? " (capped at the new per-rank batch, " +
-                                                  std::to_string(plan->max_rank_rows()) + ")"
-                                            : "");
-    saved = {largest};
-  } else if (!saved.empty() && static_cast<int>(saved.size()) != world) {
-    saved = {*std::max_element(saved.begin(), saved.end())};
-  }
-  micro_batches =
-      std::make_unique<RankMicroBatches>(world, plan->max_rank_rows(), options.micro_batch, saved,
-                                         options.refine_micro_batch, options.micro_batch_per_rank);
-  if (!note.empty()) say_later.push_back(note);
-  // Balanced shares continue on the same ranks; on another number they start even again.
-  const auto valid = [&](const std::vector<std::int64_t>& v) {
-    return static_cast<int>(v.size()) == world &&
-           std::accumulate(v.begin(), v.end(), std::int64_t{0}) == options.global_batch &&
-           std::all_of(v.begin(), v.end(), [](std::int64_t n) { return n >= 1; });
-  };
-  if (options.balance && valid(c.shares) && valid(c.shares_after)) {
-    shares->change(step, c.shares);
-    shares->change(step + 1, c.shares_after);
-  } else if (options.balance && !c.shares.empty()) {
-    say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
-                        ") were for another number of ranks or global batch: the ranks start "
-                        "from an even split and balance again");
-  }
-}
-
 void Trainer::State::open_observers() {
   // Host names for the run log, gathered once.
   std::vector<char> names(static_cast<std::size_t>(world) * 64, '\0');
@@ -944,59 +673,6 @@ void Trainer::State::evaluate() {
   result.eval_accuracy =
       event.classification ? std::optional<double>(event.accuracy) : std::nullopt;
   notify([&](StepObserver& o) { o.on_eval(event); });
-}
-
-// Each rank's generator state, gathered on every rank (fixed-size blocks with a length).
-std::vector<std::string> Trainer::State::gather_generator_states() {
-  const std::string mine = model_state->generator_state();
-  const auto block =
-      static_cast<std::size_t>(comm.allreduce_max(static_cast<std::int64_t>(mine.size()))) +
-      sizeof(std::uint64_t);
-  std::vector<char> own(block, '\0');
-  const std::uint64_t length = mine.size();
-  std::memcpy(own.data(), &length, sizeof length);
-  std::memcpy(own.data() + sizeof length, mine.data(), mine.size());
-  std::vector<char> all(block * static_cast<std::size_t>(world));
-  comm.allgather(own.data(), block, all.data());
-  std::vector<std::string> states;
-  for (int r = 0; r < world; ++r) {
-    const char* at = all.data() + block * static_cast<std::size_t>(r);
-    std::uint64_t n = 0;
-    std::memcpy(&n, at, sizeof n);
-    states.emplace_back(at + sizeof n, static_cast<std::size_t>(n));
-  }
-  return states;
-}
-
-void Trainer::State::save_checkpoint() {
-  if (options.checkpoint.empty()) return;
-  std::vector<std::string> generators = gather_generator_states();
-  // Parameters and buffers are identical on every rank, so rank 0 writes; the others learn how
-  // it went.
-  comm::collectively(comm, [&] {
-    if (!root) return;
-    io::Checkpoint c;
-    c.step = step;
-    c.epoch = step / plan->batches_per_epoch();
-    c.micro_batch = micro_batches->current(0);
-    c.micro_batches = micro_batches->sizes();
-    if (options.balance) {
-      c.shares = shares->shares(step);
-      c.shares_after = shares->shares(step + 1);
-    }
-    c.world_size = world;
-    c.seed = options.seed;
-    // Host copies (a no-op on the CPU): the checkpoint writer reads host memory.
-    c.params = model->named_parameters();
-    c.buffers = model->named_buffers();
-    for (auto* list : {&c.params, &c.buffers}) {
-      for (auto& named : *list)
-        named.second = named.second.detach().to(at::kCPU);
-    }
-    c.optimizer = optimizer->save();
-    c.generator_states = std::move(generators);
-    io::write_checkpoint(options.checkpoint, c);
-  });
 }
 
 Trainer::Trainer(const TrainOptions& options, comm::Communicator& comm)

@@ -1,0 +1,186 @@
+// Trainer checkpoints: writing one (rank 0, with every rank's random stream), choosing and
+// reading one on resume (rank 0 chooses, all read it), and mapping what it learned onto this
+// run's ranks.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <numeric>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "trainer_state.hpp"
+
+namespace autoaccum::train {
+
+void Trainer::State::resume() {
+  if (!options.resume) return;
+  if (options.checkpoint.empty())
+    throw CollectiveError("--resume needs --checkpoint FILE", ExitCode::kUsage, 0);
+  // Rank 0 chooses which file to resume from and every rank reads that one: on a network file
+  // system with caching, ranks choosing alone could see different newest files.
+  std::optional<io::LoadedCheckpoint> loaded;
+  std::string chosen;
+  // The file's tensors are host staging, outside --memory-limit (on a GPU they would be host
+  // memory too): a small limit must not make a good checkpoint unreadable.
+  comm::collectively(comm, [&] {
+    if (!root) return;
+    const memory::UncountedScope staging;
+    loaded = io::read_latest_checkpoint(options.checkpoint);
+    if (loaded) chosen = loaded->path;
+  });
+  comm.broadcast(chosen, 0);
+  comm::collectively(comm, [&] {
+    if (root || chosen.empty()) return;
+    const memory::UncountedScope staging;
+    loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, ""};
+  });
+  if (!chosen.empty()) {
+    if (!loaded->warning.empty() && root && !options.quiet)
+      std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
+    restore(loaded->checkpoint);
+  } else if (root && !options.quiet) {
+    std::cout << "no checkpoint at " << options.checkpoint << " yet: starting from step 0"
+              << std::endl;
+  }
+}
+
+void Trainer::State::restore(const io::Checkpoint& c) {
+  std::string problem;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : model->named_parameters()) {
+    auto it = std::find_if(c.params.begin(), c.params.end(),
+                           [&](const auto& p) { return p.first == name; });
+    if (it == c.params.end() || it->second.numel() != tensor.numel()) {
+      problem = "'" + options.checkpoint + "' does not match the model: parameter '" + name + "'";
+      break;
+    }
+    tensor.copy_(it->second.view(tensor.sizes()));
+  }
+  for (auto& [name, tensor] : model->named_buffers()) {
+    auto it = std::find_if(c.buffers.begin(), c.buffers.end(),
+                           [&](const auto& p) { return p.first == name; });
+    if (it != c.buffers.end() && it->second.numel() == tensor.numel())
+      tensor.copy_(it->second.view(tensor.sizes()));
+  }
+  if (problem.empty()) {
+    try {
+      optimizer->load(c.optimizer, context.device);
+    } catch (const c10::Error& e) {
+      problem = "'" + options.checkpoint + "': optimizer state does not match: " + e.msg();
+    }
+  }
+  // Each rank continues its own random stream; a checkpoint of another world size (or one
+  // written before streams were saved) gives fresh streams for this step.
+  if (problem.empty()) {
+    if (static_cast<int>(c.generator_states.size()) == world) {
+      try {
+        model_state->set_generator_state(c.generator_states[static_cast<std::size_t>(rank)]);
+      } catch (const Error& e) {
+        problem = "'" + options.checkpoint + "': " + e.what();
+      }
+    } else {
+      seed_generators_for_rank(options.seed ^ static_cast<std::uint64_t>(c.step), rank);
+    }
+  }
+  if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
+  step = c.step;
+  // The micro-batch learned before. What fits on a rank depends on its memory and the model, not
+  // on how many ranks share the batch: on the same ranks each continues at its own size; on
+  // another number of ranks the sizes are kept where they were equal, and with per-rank sizes
+  // (which belong to ranks that may no longer exist) every rank starts from the largest and
+  // halves where it must. Capped by the new per-rank batch either way.
+  std::vector<std::int64_t> saved = c.micro_batches;
+  if (saved.empty() && c.micro_batch > 0) saved.push_back(c.micro_batch);
+  std::string note;
+  if (!saved.empty() && c.world_size != world) {
+    const std::int64_t largest = *std::max_element(saved.begin(), saved.end());
+    const bool equal =
+        std::all_of(saved.begin(), saved.end(), [&](std::int64_t m) { return m == saved.front(); });
+    note = "the checkpoint was written by " + std::to_string(c.world_size) + " rank(s); now " +
+           std::to_string(world) + ": " +
+           (equal ? "every rank keeps micro-batch " + std::to_string(largest)
+                  : "per-rank micro-batches (" + sizes_text(saved) +
+                        ") do not map onto other ranks: every rank starts at " +
+                        std::to_string(largest) + " and halves where it runs out of memory") +
+           (largest > plan->max_rank_rows() ? " (capped at the new per-rank batch, " +
+                                                  std::to_string(plan->max_rank_rows()) + ")"
+                                            : "");
+    saved = {largest};
+  } else if (!saved.empty() && static_cast<int>(saved.size()) != world) {
+    saved = {*std::max_element(saved.begin(), saved.end())};
+  }
+  micro_batches =
+      std::make_unique<RankMicroBatches>(world, plan->max_rank_rows(), options.micro_batch, saved,
+                                         options.refine_micro_batch, options.micro_batch_per_rank);
+  if (!note.empty()) say_later.push_back(note);
+  // Balanced shares continue on the same ranks; on another number they start even again.
+  const auto valid = [&](const std::vector<std::int64_t>& v) {
+    return static_cast<int>(v.size()) == world &&
+           std::accumulate(v.begin(), v.end(), std::int64_t{0}) == options.global_batch &&
+           std::all_of(v.begin(), v.end(), [](std::int64_t n) { return n >= 1; });
+  };
+  if (options.balance && valid(c.shares) && valid(c.shares_after)) {
+    shares->change(step, c.shares);
+    shares->change(step + 1, c.shares_after);
+  } else if (options.balance && !c.shares.empty()) {
+    say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
+                        ") were for another number of ranks or global batch: the ranks start "
+                        "from an even split and balance again");
+  }
+}
+
+// Each rank's generator state, gathered on every rank (fixed-size blocks with a length).
+std::vector<std::string> Trainer::State::gather_generator_states() {
+  const std::string mine = model_state->generator_state();
+  const auto block =
+      static_cast<std::size_t>(comm.allreduce_max(static_cast<std::int64_t>(mine.size()))) +
+      sizeof(std::uint64_t);
+  std::vector<char> own(block, '\0');
+  const std::uint64_t length = mine.size();
+  std::memcpy(own.data(), &length, sizeof length);
+  std::memcpy(own.data() + sizeof length, mine.data(), mine.size());
+  std::vector<char> all(block * static_cast<std::size_t>(world));
+  comm.allgather(own.data(), block, all.data());
+  std::vector<std::string> states;
+  for (int r = 0; r < world; ++r) {
+    const char* at = all.data() + block * static_cast<std::size_t>(r);
+    std::uint64_t n = 0;
+    std::memcpy(&n, at, sizeof n);
+    states.emplace_back(at + sizeof n, static_cast<std::size_t>(n));
+  }
+  return states;
+}
+
+void Trainer::State::save_checkpoint() {
+  if (options.checkpoint.empty()) return;
+  std::vector<std::string> generators = gather_generator_states();
+  // Parameters and buffers are identical on every rank, so rank 0 writes; the others learn how
+  // it went.
+  comm::collectively(comm, [&] {
+    if (!root) return;
+    io::Checkpoint c;
+    c.step = step;
+    c.epoch = step / plan->batches_per_epoch();
+    c.micro_batch = micro_batches->current(0);
+    c.micro_batches = micro_batches->sizes();
+    if (options.balance) {
+      c.shares = shares->shares(step);
+      c.shares_after = shares->shares(step + 1);
+    }
+    c.world_size = world;
+    c.seed = options.seed;
+    // Host copies (a no-op on the CPU): the checkpoint writer reads host memory.
+    c.params = model->named_parameters();
+    c.buffers = model->named_buffers();
+    for (auto* list : {&c.params, &c.buffers}) {
+      for (auto& named : *list)
+        named.second = named.second.detach().to(at::kCPU);
+    }
+    c.optimizer = optimizer->save();
+    c.generator_states = std::move(generators);
+    io::write_checkpoint(options.checkpoint, c);
+  });
+}
+
+}  // namespace autoaccum::train

@@ -1,0 +1,193 @@
+// Trainer::State: what the step loop and its setup share (private to src/train; the public
+// face is autoaccum/train/trainer.hpp). Setup and the loop are in trainer.cpp, checkpoints
+// and resuming in trainer_checkpoint.cpp.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autoaccum/comm/communicator.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/core/output_lock.hpp"
+#include "autoaccum/data/batch_plan.hpp"
+#include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/io/checkpoint.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/balance.hpp"
+#include "autoaccum/train/micro_batch.hpp"
+#include "autoaccum/train/model_state.hpp"
+#include "autoaccum/train/objective.hpp"
+#include "autoaccum/train/observers.hpp"
+#include "autoaccum/train/optimizer_step.hpp"
+#include "autoaccum/train/reduce_buffer.hpp"
+#include "autoaccum/train/schedule.hpp"
+#include "autoaccum/train/step_agreement.hpp"
+#include "autoaccum/train/trainer.hpp"
+
+namespace autoaccum::train {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The device the model runs on and the communicator its gradients travel through. --device
+// cuda: the model, micro-batches and the reduce buffer live on this rank's GPU and the buffer
+// goes through NCCL; the control plane stays on MPI.
+struct DeviceContext {
+  bool use_cuda = false;
+  c10::Device device{c10::kCPU};
+  std::unique_ptr<comm::Communicator> gradient_comm;
+  at::Tensor on_device(const at::Tensor& t) const {
+    return use_cuda ? t.to(device, /*non_blocking=*/true) : t;  // CPU: the view itself
+  }
+};
+
+// The default thread count: the CPUs this rank may run on (its affinity mask: Slurm's
+// --cpus-per-task, mpirun's binding, taskset), or, when the rank is not bound, the node's cores
+// shared among its ranks.
+struct ThreadChoice {
+  int count = 1;
+  std::string source;
+};
+
+ThreadChoice choose_threads(int requested, int local_ranks);
+
+struct Trainer::State {
+  TrainOptions options;
+  comm::Communicator& comm;
+  int rank = 0;
+  int world = 1;
+  bool root = false;
+  std::string thread_source;  // where the thread count came from, for the banner
+  DeviceContext context;
+  comm::Communicator& reduce_comm() {
+    return context.gradient_comm ? *context.gradient_comm : comm;
+  }
+
+  // Data.
+  std::unique_ptr<data::SlabReader> reader;
+  std::unique_ptr<data::SlabReader> val_reader;
+  std::unique_ptr<data::BatchPlan> plan;
+  std::int64_t total_steps = 0;
+  std::optional<Objective> objective;
+
+  // Model and what a step changes.
+  std::unique_ptr<Model> model;
+  ParameterSet parameters;
+  std::unique_ptr<ModelState> model_state;
+  std::unique_ptr<OptimizerStep> optimizer;
+  Schedule schedule;
+  std::unique_ptr<RankMicroBatches> micro_batches;  // every rank's micro-batch
+  std::unique_ptr<ShareSchedule> shares;            // every rank's rows of each step's batch
+  SpeedWindow speed_window;                         // --balance: rows and seconds since the last
+  double slow_factor = 1.0;                         // --inject-slow on this rank
+
+  // The one all-reduced buffer and its regions.
+  std::unique_ptr<ReduceBuffer> reduce;
+  ReduceLayout::Handle gradient_region = 0, buffer_region = 0, control_region = 0;
+  ControlLayout control;
+  std::vector<float> control_values;  // host copy of the control region
+  bool checked_views = false;
+  double allreduce_seconds = 0;  // this step's time in the all-reduce (rank's own)
+
+  std::int64_t step = 0;  // optimizer steps completed
+  std::vector<std::unique_ptr<OutputLock>> locks;
+  std::vector<std::string> hostnames;
+  std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
+  std::vector<std::unique_ptr<StepObserver>> observers;
+  bool finished = false;
+  TrainResult result;
+
+  State(const TrainOptions& o, comm::Communicator& c) : options(o), comm(c) {}
+
+  // Setup, in order; each piece is collective and leaves every rank agreeing.
+  void setup();
+  void choose_device();
+  void open_data();
+  void build_model();
+  void take_outputs();
+  void trial();
+  void allocate_step_state();
+  void resume();
+  void open_observers();
+  void announce();
+
+  data::Batch read_rank_rows(std::int64_t global_step) const;
+  StepOutcome attempt(const data::Batch& slab, std::int64_t m);
+  void after_out_of_memory(const StepOutcome& outcome);
+  void rebalance(const std::vector<std::int64_t>& step_shares,
+                 const std::vector<double>& compute_seconds);
+  void evaluate();
+  // A stop signal was agreed on: checkpoint, status "preempted", one line (`where` adds detail).
+  void stop_for_signal(const std::string& where);
+  void save_checkpoint();
+  void restore(const io::Checkpoint& checkpoint);
+  std::vector<std::string> gather_generator_states();
+
+  template <class Fn>
+  void notify(Fn&& fn) {
+    for (auto& observer : observers)
+      fn(*observer);
+  }
+  void say(const std::string& line) {
+    notify([&](StepObserver& o) { o.on_message(line); });
+  }
+  void finish(const std::string& status, const std::string& message = "") {
+    if (finished) return;
+    finished = true;
+    notify([&](StepObserver& o) { o.on_finish(status, message, micro_batches->current(rank)); });
+  }
+  [[noreturn]] void fail_run(const std::string& message, ExitCode code) {
+    finish("failed", message);
+    throw CollectiveError(message, code, 0);
+  }
+  std::vector<std::string> say_later;  // notes from before the observers existed
+  std::string balance_text() const {
+    return options.balance ? "throughput, every " + std::to_string(options.balance_every) + " steps"
+                           : std::string("none");
+  }
+  // "none", "96.0 MiB", or a list: "8.0 MiB, 16.0 MiB (rank i: item i mod 2)".
+  std::string memory_limit_text() const {
+    const auto& all = options.memory_limits;
+    if (all.empty())
+      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) : "none";
+    std::string text;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      text += (i ? ", " : "") + (all[i] > 0 ? memory::format_bytes(all[i]) : std::string("none"));
+    return text + " (rank i: item i mod " + std::to_string(all.size()) + ")";
+  }
+  std::int64_t limit_of(int r) const {
+    const auto& all = options.memory_limits;
+    return all.empty() ? options.memory_limit : all[static_cast<std::size_t>(r) % all.size()];
+  }
+  // "16.0 MiB per rank", or with a list the limits of `ranks` ("8.0 MiB on rank 1").
+  std::string limit_text(const std::vector<int>& ranks = {}) const {
+    if (options.memory_limits.empty()) {
+      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) + " per rank"
+                                      : std::string("no --memory-limit");
+    }
+    std::vector<int> which = ranks;
+    if (which.empty()) which.push_back(rank);
+    std::string text;
+    for (std::size_t i = 0; i < which.size(); ++i) {
+      const std::int64_t limit = limit_of(which[i]);
+      text += (i ? ", " : "") + (limit > 0 ? memory::format_bytes(limit) : std::string("none")) +
+              " on rank " + std::to_string(which[i]);
+    }
+    return text;
+  }
+  std::string model_name() const {
+    return options.model_file.empty() ? "--model " + model->describe()
+                                      : "--model-file '" + options.model_file + "'";
+  }
+};
+
+}  // namespace autoaccum::train
