@@ -160,11 +160,20 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
     const std::vector<char> image = file.close_to_image();
     write_file(temporary, image.data(), image.size());
-    // The new one is complete: keep the current one as the previous before it is replaced.
-    if (access(path.c_str(), F_OK) == 0 &&
-        std::rename(path.c_str(), previous_checkpoint_path(path).c_str()) != 0) {
-      throw InputError("cannot keep the previous checkpoint as '" + previous_checkpoint_path(path) +
-                       "'");
+    // The new one is complete: keep the current one as the previous before it is replaced. A
+    // hard link gives the previous name while `path` keeps its own, so at every moment `path`
+    // names a whole checkpoint (a kill between two renames used to leave only the previous).
+    // Where the file system has no hard links, the current one is renamed instead.
+    const std::string previous = previous_checkpoint_path(path);
+    if (access(path.c_str(), F_OK) == 0) {
+      const std::string staged = path + ".tmp.prev." + std::to_string(::getpid());
+      std::remove(staged.c_str());
+      const bool linked = ::link(path.c_str(), staged.c_str()) == 0;
+      if (linked ? std::rename(staged.c_str(), previous.c_str()) != 0
+                 : std::rename(path.c_str(), previous.c_str()) != 0) {
+        if (linked) std::remove(staged.c_str());
+        throw InputError("cannot keep the previous checkpoint as '" + previous + "'");
+      }
     }
   });
 }
