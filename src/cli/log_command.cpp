@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "autoaccum/comm/agreement.hpp"
@@ -76,10 +77,22 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   if (status == "failed") out << "  error: " << log.attribute("error") << "\n";
   out << "  " << log.attribute("world_size") << " rank(s), global batch "
       << log.attribute("global_batch") << ", micro-batch " << log.attribute("micro_batch_mode")
-      << ", memory limit " << log.attribute("memory_limit", "none") << "\n";
+      << ", memory limit " << log.attribute("memory_limit", "none") << ", precision "
+      << log.attribute("precision", "fp32") << "\n";
   out << "  model " << log.attribute("model", "?") << ", optimizer "
       << log.attribute("optimizer", "?") << ", lr " << log.attribute("lr", "?") << ", data "
       << log.attribute("data", "?") << "\n";
+  if (log.attribute("precision") == "fp16") {
+    const auto scale = values(log, "steps", "loss_scale");
+    const auto skipped = values(log, "steps", "skipped");
+    const auto steps = values(log, "steps", "step");
+    if (!scale.empty() && steps.size() == scale.size()) {
+      const double count = std::accumulate(skipped.begin(), skipped.end(), 0.0);
+      out << "  loss scale " << scale.front() << " at step " << integer(steps.front()) << ", "
+          << scale.back() << " at step " << integer(steps.back()) << " (" << integer(count)
+          << " step(s) skipped for overflow or non-finite values)\n";
+    }
+  }
   out << "  started " << log.attribute("started_at") << ", updated "
       << log.attribute("updated_at", "-") << "\n";
   out << "  command: " << log.attribute("command_line") << "\n";

@@ -108,6 +108,7 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (o.on_nonfinite != "stop" && o.on_nonfinite != "skip") {
     throw UsageError("--on-nonfinite: '" + o.on_nonfinite + "' is not one of stop, skip");
   }
+  o.precision = train::parse_precision(vm["precision"].as<std::string>());
   o.seed = vm["seed"].as<std::uint64_t>();
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw UsageError("--threads must not be negative");
@@ -150,6 +151,8 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     o.inject_slow = train::parse_slow_injections(vm["inject-slow"].as<std::string>());
   if (vm.count("inject-oom"))
     o.inject_oom = memory::parse_oom_injections(vm["inject-oom"].as<std::string>());
+  if (vm.count("inject-overflow"))
+    o.inject_overflow = train::parse_overflow_injections(vm["inject-overflow"].as<std::string>());
   if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
@@ -221,6 +224,9 @@ Command train_command() {
       "clip the global gradient norm (0: off)");
   add("on-nonfinite", po::value<std::string>()->default_value("stop")->value_name("stop|skip"),
       "NaN/Inf in the loss or gradients on any rank: stop with an error, or skip the step");
+  add("precision", po::value<std::string>()->default_value("fp32")->value_name("fp32|bf16|fp16"),
+      "bf16/fp16: forward and loss under autocast (matrix products in the lower precision); "
+      "parameters, optimizer state and accumulated gradients stay fp32. fp16: GPUs only");
   add("seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"),
       "seed for initialisation and shuffling");
   add("threads", po::value<int>()->default_value(0)->value_name("T"),
@@ -245,6 +251,8 @@ Command train_command() {
       "drill: rank R takes F times as long per row (tests --balance on equal cores)");
   add("inject-oom", po::value<std::string>()->value_name("rank=R,above=M[,step=S][;...]"),
       "drill: rank R runs out of memory whenever a micro-batch has more than M rows");
+  add("inject-overflow", po::value<std::string>()->value_name("rank=R,step=S[;...]"),
+      "drill: rank R's loss at step S is made infinite before backward, as an fp16 overflow");
   add("run-log", po::value<std::string>()->value_name("FILE.h5"),
       "HDF5 run log (written by rank 0)");
   add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");

@@ -158,6 +158,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("micro_batch", c.micro_batch);
     file.write_attribute("world_size", c.world_size);
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
+    file.write_attribute("loss_scale", c.loss_scale);
+    file.write_attribute("loss_scale_clean_steps", c.loss_scale_clean_steps);
     const std::vector<char> image = file.close_to_image();
     write_file(temporary, image.data(), image.size());
     // The new one is complete: keep the current one as the previous before it is replaced. A
@@ -220,6 +222,11 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.shares_after = read_integers(file, "shares_after");
   c.world_size = file.read_int_attribute("world_size");
   c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
+  if (file.has_attribute("loss_scale")) {
+    const hdf5::AttributeValue scale = file.attribute_value("loss_scale");
+    if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
+    c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
+  }
   for (const auto& name : names_under(file, "params")) {
     c.params.emplace_back(name, read_tensor(file, "params/" + name));
   }

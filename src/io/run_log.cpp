@@ -42,7 +42,8 @@ const std::vector<Field<StepRow>>& step_fields() {
       {"skipped", &StepRow::skipped},
       {"live_bytes", &StepRow::live_bytes},
       {"allreduce_seconds", &StepRow::allreduce_seconds},
-      {"retry_seconds", &StepRow::retry_seconds}};
+      {"retry_seconds", &StepRow::retry_seconds},
+      {"loss_scale", &StepRow::loss_scale}};
   return fields;
 }
 const std::vector<Field<OomRow>>& oom_fields() {

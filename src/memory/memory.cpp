@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "autoaccum/compat/torch_compat.hpp"
+#include "autoaccum/core/drill.hpp"
 #include "autoaccum/core/error.hpp"
 
 #if AUTOACCUM_HAVE_CUDA
@@ -355,51 +356,16 @@ void release_cached_memory() noexcept {
 
 std::vector<OomInjection> parse_oom_injections(const std::string& text) {
   std::vector<OomInjection> all;
-  std::stringstream in(text);
-  std::string one;
-  while (std::getline(in, one, ';')) {
-    if (auto injection = parse_oom_injection(one)) all.push_back(*injection);
+  for (const auto& item :
+       core::parse_drill("--inject-oom", text, {"rank", "above", "step"}, {"rank", "above"},
+                         {"rank", "above", "step"}, "rank=R,above=M[,step=S]")) {
+    OomInjection injection;
+    injection.rank = static_cast<int>(item.integer("rank"));
+    injection.above = item.integer("above");
+    if (item.values.count("step")) injection.step = item.integer("step");
+    all.push_back(injection);
   }
   return all;
-}
-
-std::optional<OomInjection> parse_oom_injection(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  OomInjection injection;
-  bool have_rank = false, have_above = false;
-  std::stringstream in(text);
-  std::string item;
-  const auto bad = [&](const std::string& why) {
-    return UsageError("--inject-oom: '" + text + "': " + why +
-                      " (expected rank=R,above=M[,step=S])");
-  };
-  while (std::getline(in, item, ',')) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) throw bad("'" + item + "' has no '='");
-    const std::string key = item.substr(0, eq);
-    std::int64_t value = 0;
-    try {
-      std::size_t used = 0;
-      value = std::stoll(item.substr(eq + 1), &used);
-      if (used != item.size() - eq - 1) throw std::invalid_argument("trailing");
-    } catch (...) {
-      throw bad("'" + item.substr(eq + 1) + "' is not an integer");
-    }
-    if (value < 0) throw bad(key + " must not be negative");
-    if (key == "rank") {
-      injection.rank = static_cast<int>(value);
-      have_rank = true;
-    } else if (key == "above") {
-      injection.above = value;
-      have_above = true;
-    } else if (key == "step") {
-      injection.step = value;
-    } else {
-      throw bad("unknown key '" + key + "'");
-    }
-  }
-  if (!have_rank || !have_above) throw bad("rank and above are required");
-  return injection;
 }
 
 }  // namespace autoaccum::memory

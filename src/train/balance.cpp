@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "autoaccum/core/drill.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/train/options.hpp"
 
@@ -138,42 +139,16 @@ std::vector<double> SpeedWindow::speeds() const {
 }
 
 std::vector<SlowInjection> parse_slow_injections(const std::string& text) {
+  const std::string form = "rank=R,factor=F";
   std::vector<SlowInjection> all;
-  std::stringstream list(text);
-  for (std::string one; std::getline(list, one, ';');) {
-    if (one.empty()) continue;
-    const auto bad = [&](const std::string& why) {
-      return UsageError("--inject-slow: '" + one + "': " + why + " (expected rank=R,factor=F)");
-    };
+  for (const auto& item : core::parse_drill("--inject-slow", text, {"rank", "factor"},
+                                            {"rank", "factor"}, {"rank"}, form)) {
     SlowInjection injection;
-    bool have_rank = false, have_factor = false;
-    std::stringstream in(one);
-    for (std::string item; std::getline(in, item, ',');) {
-      const auto eq = item.find('=');
-      if (eq == std::string::npos) throw bad("'" + item + "' has no '='");
-      const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-      double number = 0;
-      try {
-        std::size_t used = 0;
-        number = std::stod(value, &used);
-        if (used != value.size()) throw std::invalid_argument("trailing");
-      } catch (...) {
-        throw bad("'" + value + "' is not a number");
-      }
-      if (key == "rank") {
-        if (number < 0 || number != std::floor(number)) throw bad("rank must be a rank number");
-        injection.rank = static_cast<int>(number);
-        have_rank = true;
-      } else if (key == "factor") {
-        if (!(number > 0) || !std::isfinite(number))
-          throw bad("factor must be positive (1: normal speed, 2: twice as slow)");
-        injection.factor = number;
-        have_factor = true;
-      } else {
-        throw bad("unknown key '" + key + "'");
-      }
-    }
-    if (!have_rank || !have_factor) throw bad("needs both rank and factor");
+    injection.rank = static_cast<int>(item.integer("rank"));
+    injection.factor = item.values.at("factor");
+    if (!(injection.factor > 0) || !std::isfinite(injection.factor))
+      throw core::drill_error("--inject-slow", item,
+                              "factor must be positive (1: normal speed, 2: twice as slow)", form);
     all.push_back(injection);
   }
   return all;

@@ -26,6 +26,7 @@ ForwardResult forward_terms(Model& model, const Objective& objective,
 
 EvalEvent evaluate(Model& model, const Objective& objective, const data::SlabReader& validation,
                    comm::Communicator& comm, std::int64_t micro_batch, std::int64_t step,
+                   Precision precision,
                    const std::function<at::Tensor(const at::Tensor&)>& to_device) {
   torch::NoGradGuard no_grad;
   model.set_training(false);
@@ -46,6 +47,7 @@ EvalEvent evaluate(Model& model, const Objective& objective, const data::SlabRea
       for (std::size_t i = 0; i + 1 < micro.size(); ++i)
         inputs.push_back(to_device(micro[i]));
       const at::Tensor target = to_device(micro[micro.size() - 1]);
+      const AutocastScope autocast(precision, target.device().type());
       const ForwardResult forward = forward_terms(model, objective, inputs, target);
       totals[0] += forward.terms.sum.item<double>();
       totals[2] += forward.terms.weight.item<double>();

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <iomanip>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -94,6 +96,7 @@ void Trainer::State::setup() {
   rank = comm.rank();
   world = comm.size();
   root = rank == 0;
+  loss_scale = LossScale(options.precision == Precision::kFp16);
   options.memory_limit = limit_of(rank);  // --memory-limit A,B,...: this rank's item
   for (const auto& slow : options.inject_slow) {
     if (slow.rank == rank) slow_factor = slow.factor;
@@ -133,12 +136,21 @@ void Trainer::State::choose_device() {
     if (gpus == 0) throw UsageError("--device cuda: rank " + std::to_string(rank) + " sees no GPU");
   });
   context.use_cuda = o.device == "cuda" || (o.device == "auto" && gpus_everywhere);
+  comm::collectively(comm, [&] {
+    const std::string problem = precision_problem(
+        o.precision, context.use_cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
+    if (!problem.empty()) throw UsageError(problem);
+  });
+  // The precision probe's few MiB come and go before --memory-limit applies to the CPU.
+  memory::install_cpu_budget(0);
+  if (!context.use_cuda) probe_precision();
   // On CUDA, host tensors are still counted, never limited; the limit is the GPU's.
   memory::install_cpu_budget(context.use_cuda ? 0 : o.memory_limit);
   if (context.use_cuda) {
     const int index = comm.local_rank() % gpus;
     context.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
     comm::collectively(comm, [&] { memory::use_cuda_device(index, o.memory_limit); });
+    probe_precision();
   }
 }
 
@@ -323,6 +335,7 @@ void Trainer::State::trial() {
       for (std::size_t i = 0; i + 1 < rows.size(); ++i)
         inputs.push_back(context.on_device(rows[i]));
       const at::Tensor target = context.on_device(rows[rows.size() - 1]);
+      const AutocastScope autocast(options.precision, context.device.type());
       if (objective->from_model()) {
         (void)model->forward_loss(inputs, target).first.item<double>();
       } else {
@@ -387,6 +400,15 @@ void Trainer::State::allocate_step_state() {
   }
 }
 
+void Trainer::State::probe_precision() {
+  if (!root) return;
+  lower_gemm_speedup =
+      gemm_speedup(autocast_dtype_for(
+                       options.precision == Precision::kFp32 ? Precision::kBf16 : options.precision,
+                       context.device.type()),
+                   context.device);
+}
+
 void Trainer::State::open_observers() {
   // Host names for the run log, gathered once.
   std::vector<char> names(static_cast<std::size_t>(world) * 64, '\0');
@@ -424,7 +446,8 @@ void Trainer::State::open_observers() {
                             : "")},
           {"memory_limit", memory_limit_text()},
           {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
-          {"balance", balance_text()}};
+          {"balance", balance_text()},
+          {"precision", to_string(options.precision)}};
       header.numbers = {
           {"lr", options.lr},
           {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
@@ -433,7 +456,8 @@ void Trainer::State::open_observers() {
           {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
           {"shared_parameters", static_cast<double>(parameters.shared_elements)},
           {"averaged_buffer_values", static_cast<double>(model_state->reduce_count())},
-          {"threads_per_rank", static_cast<double>(at::get_num_threads())}};
+          {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+          {"lower_precision_gemm_speedup", lower_gemm_speedup}};
       observers.push_back(std::make_unique<RunLogObserver>(
           io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
     });
@@ -464,6 +488,31 @@ void Trainer::State::announce() {
          << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
          << "; memory limit " << memory_limit_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
+  const char* lower = options.precision == Precision::kFp16 ? "fp16" : "bf16";
+  std::ostringstream speedup;
+  speedup << std::fixed << std::setprecision(1) << lower_gemm_speedup << "x";
+  const std::string where = context.use_cuda ? "this GPU's " : "this CPU's ";
+  if (options.precision == Precision::kFp32) {
+    banner << "\nautoaccum: precision fp32";
+    if (lower_gemm_speedup >= 1.5) {
+      banner << " (" << where << "bf16 matrix products run " << speedup.str()
+             << " as fast: --precision bf16 may train faster)";
+    }
+  } else {
+    banner << "\nautoaccum: precision " << to_string(options.precision)
+           << ": forward and loss under autocast, parameters and gradients fp32; " << where << lower
+           << " matrix products run " << speedup.str() << " as fast as fp32's"
+           << (lower_gemm_speedup < 1.5 ? " (no fast " + std::string(lower) +
+                                              " here: expect little speed-up, only memory)"
+                                        : std::string());
+    if (loss_scale.enabled()) {
+      banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
+             << ", halved on every rank when the gradients overflow, doubled after "
+             << LossScale::kGrowthInterval << " clean steps";
+      if (!context.use_cuda)
+        banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
+    }
+  }
   if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
   for (const auto& slow : options.inject_slow) {
     banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
@@ -513,24 +562,34 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
       // The gradient of the summed loss accumulates; it is divided once, after the all-reduce,
       // by what the whole global batch counted.
       Objective::Terms terms;
-      at::Tensor output;
-      if (objective->from_model())
-        std::tie(terms.sum, terms.weight) = model->forward_loss(inputs, target);
-      else
-        output = model->forward(inputs);
-      // Injected after the forward pass, so the activations exist when it throws, as in a real
-      // OOM late in forward; they must be released like a real one's.
-      if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
-                      [&](const auto& i) { return i.fires(rank, micro.rows(), step); })) {
-        memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
-                                    std::to_string(micro.rows()));
-      }
-      if (!objective->from_model()) {
-        phase = AttemptPhase::kLoss;
-        terms = objective->terms(output, target);
+      {
+        // --precision: forward and loss under autocast; backward outside it, as in PyTorch.
+        const AutocastScope autocast(options.precision, context.device.type());
+        at::Tensor output;
+        if (objective->from_model())
+          std::tie(terms.sum, terms.weight) = model->forward_loss(inputs, target);
+        else
+          output = model->forward(inputs);
+        // Injected after the forward pass, so the activations exist when it throws, as in a
+        // real OOM late in forward; they must be released like a real one's.
+        if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
+                        [&](const auto& i) { return i.fires(rank, micro.rows(), step); })) {
+          memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
+                                      std::to_string(micro.rows()));
+        }
+        if (!objective->from_model()) {
+          phase = AttemptPhase::kLoss;
+          terms = objective->terms(output, target);
+        }
       }
       phase = AttemptPhase::kBackward;
-      terms.sum.backward();
+      at::Tensor scaled = terms.sum;
+      if (loss_scale.enabled()) scaled = scaled * loss_scale.value();
+      if (offset == 0 &&
+          std::any_of(options.inject_overflow.begin(), options.inject_overflow.end(),
+                      [&](const auto& i) { return i.rank == rank && i.step == step; }))
+        scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
+      scaled.backward();
       local_loss = local_loss.defined() ? local_loss + terms.sum.detach() : terms.sum.detach();
       local_weight = local_weight.defined() ? local_weight + terms.weight : terms.weight;
       if (slow_factor != 1.0) {
@@ -582,7 +641,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
   }
   if (outcome.succeeded()) {
-    if (outcome.weight > 0) reduce->view(gradient_region).mul_(1.0 / outcome.weight);
+    // The mean over what the global batch counted, and the loss scale undone, in one pass.
+    const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();
+    if (divisor != 1.0) reduce->view(gradient_region).mul_(1.0 / divisor);
     model_state->apply_mean_change(reduce->view(buffer_region), world);
     guard->commit();
   }
@@ -667,7 +728,7 @@ void Trainer::State::evaluate() {
                              ? options.eval_micro_batch
                              : std::max<std::int64_t>(micro_batches->current(rank) * 4, 256);
   const EvalEvent event =
-      train::evaluate(*model, *objective, *val_reader, comm, m, step,
+      train::evaluate(*model, *objective, *val_reader, comm, m, step, options.precision,
                       [this](const at::Tensor& t) { return context.on_device(t); });
   result.eval_loss = event.loss;
   result.eval_accuracy =
@@ -741,7 +802,23 @@ TrainResult Trainer::run_steps() {
 
     // Step.
     const double lr = s.schedule.lr(s.step);
-    const auto stepped = s.optimizer->apply(s.reduce->view(s.gradient_region), outcome.loss, lr);
+    const double loss_scale = s.loss_scale.value();
+    auto stepped = s.optimizer->apply(s.reduce->view(s.gradient_region), outcome.loss, lr);
+    // fp16: gradients that overflowed at this scale (the loss itself finite) are the scale's
+    // doing. Every rank saw the same reduced gradients: all skip and halve together.
+    const bool overflow = stepped != OptimizerStep::Result::kStepped &&
+                          std::isfinite(outcome.loss) && s.loss_scale.explains_overflow();
+    if (overflow) {
+      stepped = OptimizerStep::Result::kSkipped;
+      s.loss_scale.after_overflow();
+      ++s.result.overflow_steps;
+      std::ostringstream line;
+      line << "step " << s.step << ": fp16 gradients overflowed at loss scale " << loss_scale
+           << "; every rank skips the step and continues at " << s.loss_scale.value();
+      s.say(line.str());
+    } else if (stepped == OptimizerStep::Result::kStepped) {
+      s.loss_scale.after_clean_step();
+    }
     if (stepped == OptimizerStep::Result::kStop) {
       s.fail_run("non-finite loss or gradient at step " + std::to_string(s.step) + " (loss " +
                      std::to_string(outcome.loss) +
@@ -749,7 +826,7 @@ TrainResult Trainer::run_steps() {
                  ExitCode::kInternal);
     }
     const bool skipped = stepped == OptimizerStep::Result::kSkipped;
-    if (skipped) {
+    if (skipped && !overflow) {
       ++s.result.skipped_steps;
       s.say("step " + std::to_string(s.step) +
             ": non-finite loss or gradient on some rank; step skipped (" +
@@ -768,6 +845,7 @@ TrainResult Trainer::run_steps() {
     row.accumulation = s.micro_batches->accumulation(0, step_shares.front());
     row.loss = outcome.loss;
     row.lr = lr;
+    row.loss_scale = loss_scale;
     row.step_seconds = step_seconds;
     row.samples_per_second = static_cast<double>(o.global_batch) / step_seconds;
     row.oom_retries = retries;

@@ -85,6 +85,7 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   }
   if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
   step = c.step;
+  loss_scale.restore(c.loss_scale, c.loss_scale_clean_steps);
   // The micro-batch learned before. What fits on a rank depends on its memory and the model, not
   // on how many ranks share the batch: on the same ranks each continues at its own size; on
   // another number of ranks the sizes are kept where they were equal, and with per-rank sizes
@@ -170,6 +171,10 @@ void Trainer::State::save_checkpoint() {
     }
     c.world_size = world;
     c.seed = options.seed;
+    if (loss_scale.enabled()) {
+      c.loss_scale = loss_scale.value();
+      c.loss_scale_clean_steps = loss_scale.clean_steps();
+    }
     // Host copies (a no-op on the CPU): the checkpoint writer reads host memory.
     c.params = model->named_parameters();
     c.buffers = model->named_buffers();

@@ -20,6 +20,7 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/balance.hpp"
+#include "autoaccum/train/loss_scale.hpp"
 #include "autoaccum/train/micro_batch.hpp"
 #include "autoaccum/train/model_state.hpp"
 #include "autoaccum/train/objective.hpp"
@@ -67,6 +68,12 @@ struct Trainer::State {
   int world = 1;
   bool root = false;
   std::string thread_source;  // where the thread count came from, for the banner
+  // Rank 0's probe: how many times faster this device's matrix products run in the lower
+  // precision (bf16, or fp16 for --precision fp16) than in fp32; 0 when not probed.
+  double lower_gemm_speedup = 0;
+  void probe_precision();
+  // --precision fp16's dynamic loss scale (disabled otherwise: value 1).
+  LossScale loss_scale{false};
   DeviceContext context;
   comm::Communicator& reduce_comm() {
     return context.gradient_comm ? *context.gradient_comm : comm;

@@ -71,9 +71,12 @@ def worker(rank, args, results):
             # no_sync() must cover the forward as well: DDP arms its all-reduce hooks in forward,
             # so a forward outside it all-reduces that micro-batch's gradients in backward.
             with ddp.no_sync() if k + 1 < len(micro) else contextlib.nullcontext():
-                out = ddp(xb)
-                loss = torch.nn.functional.cross_entropy(
-                    out.reshape(-1, out.shape[-1]), yb.reshape(-1), reduction="sum") / denominator
+                # --precision bf16: forward and loss under autocast, backward outside it.
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    out = ddp(xb)
+                    loss = torch.nn.functional.cross_entropy(
+                        out.reshape(-1, out.shape[-1]), yb.reshape(-1),
+                        reduction="sum") / denominator
                 loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
@@ -92,6 +95,8 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--port", type=int, default=29581)
     parser.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: torch.autocast around forward and loss, as autoaccum's")
     parser.add_argument("--data", help="--model gpt: the text file (x, y [N, T])")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)

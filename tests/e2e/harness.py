@@ -1,8 +1,11 @@
 """Shared helpers for end-to-end tests: run autoaccum (or a probe) under mpiexec with a timeout."""
 import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+import unittest
 
 BIN = os.environ.get("AUTOACCUM_BIN", "autoaccum")
 MPIEXEC = os.environ.get("AUTOACCUM_MPIEXEC", "mpiexec")
@@ -61,3 +64,21 @@ def small_disk(test, path, size):
         yield path
     finally:
         subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+class TempDirTest(unittest.TestCase):
+    """A test class with one temporary folder for all its tests (`cls.dir`, `path(name)`),
+    removed after the last."""
+    prefix = "autoaccum-"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix=cls.prefix)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def path(cls, name):
+        return os.path.join(cls.dir, name)

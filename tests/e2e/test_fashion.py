@@ -1,5 +1,5 @@
 """Fashion-MNIST end to end: 2 ranks, cnn, a memory limit that forces accumulation of at least
-4, test accuracy at least 0.88."""
+4, test accuracy at least 0.88 (and bf16 within 0.5 points of fp32)."""
 import os
 import shutil
 import tempfile
@@ -19,24 +19,35 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 
 @unittest.skipUnless(os.path.isdir(FASHION), "dataset-fashion-mnist is not installed")
 class FashionMnist(unittest.TestCase):
-    def test_cnn_with_forced_accumulation_reaches_088(self):
+    def test_cnn_with_forced_accumulation_reaches_088_in_fp32_and_bf16(self):
+        """The same run in fp32 and in bf16 (--precision): fp32 reaches 0.88, bf16 ends within
+        0.5 points of fp32's accuracy (measured: 0.8938 and 0.8945) at twice the micro-batch."""
         work = tempfile.mkdtemp(prefix="autoaccum-fashion-")
         try:
             r = autoaccum(2, "import", "fashion-mnist", "--out", work, timeout=120)
             self.assertEqual(r.returncode, 0, r)
-            log = os.path.join(work, "run.h5")
-            r = autoaccum(2, "train", "--data", f"{work}/fashion-mnist-train.h5",
-                          "--val-data", f"{work}/fashion-mnist-test.h5", "--model", "cnn",
-                          "--global-batch", 256, "--epochs", 5, "--lr", 0.05, "--schedule", "cosine",
-                          "--warmup-steps", 50, "--memory-limit", "12MiB", "--run-log", log,
-                          "--log-every", 200, timeout=280)
-            self.assertEqual(r.returncode, 0, r)
-            print(r.stdout[-600:])
-            with h5py.File(log, "r") as f:
-                self.assertGreaterEqual(int(f["steps/accumulation"][-1]), 4)
-                self.assertGreater(len(f["oom/step"]), 0, "the limit must have forced a search")
-                accuracy = float(f["eval/accuracy"][-1])
-            self.assertGreaterEqual(accuracy, 0.88)
+            accuracy, micro, accumulation = {}, {}, {}
+            for precision in ("fp32", "bf16"):
+                log = os.path.join(work, f"run-{precision}.h5")
+                r = autoaccum(2, "train", "--data", f"{work}/fashion-mnist-train.h5",
+                              "--val-data", f"{work}/fashion-mnist-test.h5", "--model", "cnn",
+                              "--global-batch", 256, "--epochs", 5, "--lr", 0.05,
+                              "--schedule", "cosine", "--warmup-steps", 50, "--memory-limit",
+                              "12MiB", "--precision", precision, "--run-log", log,
+                              "--log-every", 200, timeout=280)
+                self.assertEqual(r.returncode, 0, r)
+                print(r.stdout[-600:])
+                with h5py.File(log, "r") as f:
+                    self.assertGreater(len(f["oom/step"]), 0, "the limit must have forced a search")
+                    accuracy[precision] = float(f["eval/accuracy"][-1])
+                    micro[precision] = int(f["steps/micro_batch"][-1])
+                    accumulation[precision] = int(f["steps/accumulation"][-1])
+            print("accuracy", accuracy, "final micro-batch", micro)
+            self.assertGreaterEqual(accumulation["fp32"], 4)
+            # bf16 activations take half the bytes: the search settles on twice the rows.
+            self.assertEqual(micro["bf16"], 2 * micro["fp32"])
+            self.assertGreaterEqual(accuracy["fp32"], 0.88)
+            self.assertLessEqual(abs(accuracy["bf16"] - accuracy["fp32"]), 0.005, accuracy)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

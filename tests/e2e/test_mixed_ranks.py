@@ -3,40 +3,31 @@ shares balanced by measured speed (--balance throughput, with --inject-slow), an
 another number of ranks. Each result against PyTorch's own computation of the same global batch
 with the sizes and shares each rank used (read back from the run log's rank_sizes group), or
 against an uninterrupted run."""
-import os
-import shutil
-import tempfile
 import unittest
 
 import h5py
 import numpy as np
 
 import user_models as um
-from harness import autoaccum
+from harness import TempDirTest, autoaccum
 
 # ConvBnDropout(width=16) on 1x8x8 images: about 32 KiB + 16 KiB per row of a micro-batch
 # (measured: 16 rows 288 KiB, 32 rows 544 KiB, 64 rows 1056 KiB).
 SMALL, MEDIUM, LARGE = "300KiB", "600KiB", "1MiB"
 
 
-class MixedRanks(unittest.TestCase):
+class MixedRanks(TempDirTest):
+    prefix = "autoaccum-mixed-"
+
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="autoaccum-mixed-")
+        super().setUpClass()
         cls.x, cls.y = um.classification_data(256, (1, 8, 8), 4, seed=6)
         cls.data = um.write_data(cls.path("images.h5"), cls.x, cls.y, classes=4)
         # BatchNorm in train mode: its statistics depend on each micro-batch, so the reference
         # must walk exactly the micro-batches each rank walked.
         cls.model = um.save_scripted(um.ConvBnDropout(dropout=0.0, width=16),
                                      cls.path("cbn.pt"))
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
-
-    @classmethod
-    def path(cls, name):
-        return os.path.join(cls.dir, name)
 
     def train(self, ranks, name, *args):
         log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
@@ -50,7 +41,7 @@ class MixedRanks(unittest.TestCase):
         with h5py.File(log, "r") as f:
             ranks, micro = f["rank_sizes/rank"][:], f["rank_sizes/micro_batch"][:]
             world = int(f.attrs["world_size"])
-            self.assertEqual(f.attrs["schema_version"], 3)
+            self.assertEqual(f.attrs["schema_version"], 4)
         return [int(micro[ranks == r][-1]) for r in range(world)]
 
     def assert_equals_pytorch(self, world, log, checkpoint, global_batch, steps):

@@ -3,9 +3,7 @@ out-of-memory inside the scripted model, tied and frozen weights, modes, BatchNo
 dropout streams, the setup trial's one-line errors, outputs owned by one job, export."""
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 import unittest
 from typing import Dict
@@ -15,7 +13,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import BIN, MPIEXEC, autoaccum
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum
 
 
 def signal_session(process, name):
@@ -24,24 +22,18 @@ def signal_session(process, name):
     subprocess.run(["pkill", f"-{name}", "-s", str(process.pid)], check=False)
 
 
-class UserModels(unittest.TestCase):
+class UserModels(TempDirTest):
+    prefix = "autoaccum-user-models-"
+
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="autoaccum-user-models-")
+        super().setUpClass()
         x, y = um.classification_data(96, (8,), 3, seed=5)
         cls.x, cls.y = x, y
         cls.data = um.write_data(cls.path("flat.h5"), x, y, classes=3)
         xi, yi = um.classification_data(128, (1, 8, 8), 4, seed=6)
         cls.xi, cls.yi = xi, yi
         cls.images = um.write_data(cls.path("images.h5"), xi, yi, classes=4)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
-
-    @classmethod
-    def path(cls, name):
-        return os.path.join(cls.dir, name)
 
     def train(self, ranks, model, data, *args, timeout=120):
         return autoaccum(ranks, "train", "--data", data, "--model-file", model, "--threads", 1,

@@ -49,6 +49,19 @@ class FashionNet(torch.nn.Module):
         return self.fc2(x)
 
 
+class SmallConv(torch.nn.Module):
+    """A convolution and a linear layer, no BatchNorm: its gradient does not depend on how a
+    batch is cut into micro-batches."""
+
+    def __init__(self, channels=1, side=8, classes=4, width=8):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, width, 3, padding=1)
+        self.fc = torch.nn.Linear(width * side * side, classes)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
 class LinearBn(torch.nn.Module):
     def __init__(self, features=6, hidden=5, classes=3):
         super().__init__()
@@ -133,7 +146,8 @@ def rank_parts(rows, world):
 
 
 def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, lr,
-                    momentum=0.0, weight_decay=0.0, optimizer="sgd", parts=None):
+                    momentum=0.0, weight_decay=0.0, optimizer="sgd", parts=None, autocast=None,
+                    first_step=0, skip_steps=()):
     """PyTorch's own computation of what autoaccum promises, with --shuffle none: each rank
     walks its part of each batch in micro-batches (BatchNorm in train mode sees one
     micro-batch at a time and updates its statistics each time), the gradient is the sum over
@@ -141,10 +155,15 @@ def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, l
     mean over the ranks of what each rank's micro-batches made of them.
 
     `micro_batch`: one size, or a function (step, rank) -> size (per-rank sizes). `parts`: a
-    function step -> [(begin, end) per rank] (uneven shares); default rank_parts."""
+    function step -> [(begin, end) per rank] (uneven shares); default rank_parts. `autocast`: a
+    dtype (torch.bfloat16): each micro-batch's forward and loss run under
+    torch.autocast("cpu", dtype), the backward outside it, as --precision bf16 promises.
+    `model_path`: a TorchScript file, or a module to train in place. `first_step`: the step the
+    model's state is at (a checkpoint's), for the data order. `skip_steps`: steps computed but
+    not applied (an fp16 overflow)."""
     size_of = micro_batch if callable(micro_batch) else (lambda step, rank: micro_batch)
     parts_of = parts or (lambda step: rank_parts(global_batch, world))
-    model = torch.jit.load(model_path)
+    model = model_path if isinstance(model_path, torch.nn.Module) else torch.jit.load(model_path)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "sgd":
@@ -152,7 +171,7 @@ def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, l
     else:
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     buffers = dict(model.named_buffers())
-    for step in range(steps):
+    for step in range(first_step, first_step + steps):
         start = step % (len(x) // global_batch) * global_batch  # --shuffle none, epochs wrap
         opt.zero_grad()
         before = {n: b.clone() for n, b in buffers.items()}
@@ -165,7 +184,9 @@ def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, l
                 m1 = min(hi, m0 + size)
                 xb = torch.from_numpy(x[start + m0:start + m1])
                 yb = torch.from_numpy(y[start + m0:start + m1])
-                loss = F.cross_entropy(model(xb), yb, reduction="sum") / global_batch
+                with torch.autocast("cpu", dtype=autocast or torch.bfloat16,
+                                    enabled=autocast is not None):
+                    loss = F.cross_entropy(model(xb), yb, reduction="sum") / global_batch
                 loss.backward()
             for n, b in buffers.items():
                 after[n].append(b.clone())
@@ -176,7 +197,8 @@ def reference_steps(model_path, x, y, world, micro_batch, global_batch, steps, l
                 else:
                     b.copy_(before[n] + torch.round(
                         sum((a - before[n]).double() for a in after[n]) / world).to(b.dtype))
-        opt.step()
+        if step not in skip_steps:
+            opt.step()
     return model
 
 
@@ -215,6 +237,34 @@ def assert_close_to_model(test, checkpoint, model, rtol=1e-5, atol=1e-6):
     for name, b in model.named_buffers():
         np.testing.assert_allclose(buffers[name].reshape(b.shape), b.numpy(), rtol=rtol,
                                    atol=atol, err_msg=name)
+
+
+def update_distance(params, reference, initial):
+    """How far parameters `params` (name -> array, as checkpoint_tensors gives them) lie from a
+    reference model's, relative to how far the reference moved from `initial` (name -> array):
+    ||params - reference|| / ||reference - initial||, over all trainable parameters at once."""
+    diff = moved = 0.0
+    for name, p in reference.named_parameters():
+        ref = p.detach().numpy()
+        diff += float(np.sum((params[name].reshape(ref.shape) - ref) ** 2))
+        moved += float(np.sum((ref - initial[name].reshape(ref.shape)) ** 2))
+    return (diff / moved) ** 0.5
+
+
+def builtin_model(kind, input_shape, classes, hidden=(64, 64)):
+    """autoaccum's built-in mlp or cnn as PyTorch modules with the same parameter names."""
+    nn = torch.nn
+    if kind == "mlp":
+        layers, width = [nn.Flatten()], int(np.prod(input_shape))
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        return nn.Sequential(*layers, nn.Linear(width, classes))
+    c, h, w = input_shape
+    return nn.Sequential(nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(32 * (h // 4) * (w // 4), 128), nn.ReLU(),
+                         nn.Linear(128, classes))
 
 
 def error_lines(result):

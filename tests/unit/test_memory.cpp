@@ -158,22 +158,28 @@ TEST(Detection, CublasAndCudnnAllocationFailuresCount) {
 }
 
 TEST(Injection, ParsesAndFires) {
-  auto i = parse_oom_injection("rank=1,above=8");
-  ASSERT_TRUE(i.has_value());
-  EXPECT_TRUE(i->fires(1, 9, 0));
-  EXPECT_FALSE(i->fires(1, 8, 0));
-  EXPECT_FALSE(i->fires(0, 100, 0));
-  auto s = parse_oom_injection("rank=0,above=2,step=3");
-  EXPECT_FALSE(s->fires(0, 5, 2));
-  EXPECT_TRUE(s->fires(0, 5, 3));
-  EXPECT_FALSE(parse_oom_injection("").has_value());
+  const auto i = parse_oom_injections("rank=1,above=8");
+  ASSERT_EQ(i.size(), 1u);
+  EXPECT_TRUE(i[0].fires(1, 9, 0));
+  EXPECT_FALSE(i[0].fires(1, 8, 0));
+  EXPECT_FALSE(i[0].fires(0, 100, 0));
+  const auto s = parse_oom_injections("rank=0,above=2,step=3");
+  EXPECT_FALSE(s[0].fires(0, 5, 2));
+  EXPECT_TRUE(s[0].fires(0, 5, 3));
+  EXPECT_TRUE(parse_oom_injections("").empty());
   const auto several = parse_oom_injections("rank=1,above=8;rank=2,above=4,step=3");
   ASSERT_EQ(several.size(), 2u);
   EXPECT_EQ(several[1].rank, 2);
   EXPECT_EQ(several[1].step, 3);
-  for (const char* bad :
-       {"rank=1", "above=3", "rank=a,above=1", "rank=1,above=2,color=3", "rank"}) {
-    EXPECT_THROW(parse_oom_injection(bad), UsageError) << bad;
+  for (const char* bad : {"rank=1", "above=3", "rank=a,above=1", "rank=1,above=2,color=3", "rank",
+                          "rank=1.5,above=2", "rank=-1,above=2"}) {
+    try {
+      parse_oom_injections(bad);
+      ADD_FAILURE() << bad;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--inject-oom: '" + std::string(bad) + "': ", 0), 0u)
+          << e.what();
+    }
   }
 }
 

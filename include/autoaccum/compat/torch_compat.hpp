@@ -4,6 +4,7 @@
 // LibTorch. jobs/ci/debian13.sh builds and tests against 2.6 in CI.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <torch/version.h>  // TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR
@@ -47,6 +48,39 @@ typename StateMap::key_type optimizer_state_key(const at::Tensor& parameter) {
   } else {
     return static_cast<Key>(parameter.unsafeGetTensorImpl());
   }
+}
+
+// Autocast's thread-local state for one device type (CPU or CUDA): whether it is on, and the
+// dtype it lowers matrix products and convolutions to. LibTorch 2.4 made these functions of the
+// device type; 1.13 has one pair of functions per device.
+struct AutocastState {
+  bool enabled = false;
+  at::ScalarType dtype = at::kBFloat16;
+};
+
+inline AutocastState autocast_state(c10::DeviceType device) {
+#if AUTOACCUM_TORCH_AT_LEAST(2, 4)
+  return {at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)};
+#else
+  if (device == c10::DeviceType::CUDA)
+    return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+  return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+#endif
+}
+
+inline void set_autocast_state(c10::DeviceType device, const AutocastState& state) {
+#if AUTOACCUM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device, state.dtype);
+  at::autocast::set_autocast_enabled(device, state.enabled);
+#else
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(state.dtype);
+    at::autocast::set_enabled(state.enabled);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(state.dtype);
+    at::autocast::set_cpu_enabled(state.enabled);
+  }
+#endif
 }
 
 }  // namespace autoaccum::compat

@@ -24,6 +24,10 @@ struct Checkpoint {
   std::vector<std::int64_t> shares_after;
   std::int64_t world_size = 1;
   std::uint64_t seed = 0;
+  // --precision fp16's loss scale and its clean steps towards growth; 0: none (attributes
+  // loss_scale, loss_scale_clean_steps).
+  double loss_scale = 0;
+  std::int64_t loss_scale_clean_steps = 0;
   std::vector<std::pair<std::string, at::Tensor>> params;   // params/<name>
   std::vector<std::pair<std::string, at::Tensor>> buffers;  // buffers/<name>
   std::string optimizer;  // LibTorch's serialized optimizer state, at optimizer/state

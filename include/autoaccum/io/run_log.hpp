@@ -13,7 +13,7 @@ namespace autoaccum::io {
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
-inline constexpr std::int64_t kRunLogSchemaVersion = 3;
+inline constexpr std::int64_t kRunLogSchemaVersion = 4;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -22,6 +22,7 @@ struct StepRow {
   std::int64_t accumulation = 0;  // micro-batches on rank 0
   double loss = 0;
   double lr = 0;
+  double loss_scale = 1;  // --precision fp16: the loss scale the step ran at; 1 otherwise
   double step_seconds = 0;
   double samples_per_second = 0;
   std::int64_t oom_retries = 0;

@@ -107,7 +107,6 @@ struct OomInjection {
     return this_rank == rank && micro_batch_rows > above && (!step || *step == this_step);
   }
 };
-std::optional<OomInjection> parse_oom_injection(const std::string& text);
 // Several injections separated by ';' ("rank=1,above=8;rank=2,above=4,step=3").
 std::vector<OomInjection> parse_oom_injections(const std::string& text);
 

@@ -12,6 +12,7 @@
 #include "autoaccum/train/model.hpp"
 #include "autoaccum/train/objective.hpp"
 #include "autoaccum/train/observers.hpp"
+#include "autoaccum/train/precision.hpp"
 
 namespace autoaccum::train {
 
@@ -26,10 +27,12 @@ ForwardResult forward_terms(Model& model, const Objective& objective,
 
 // Collective: every rank evaluates its part of `validation` in eval mode, without gradients, in
 // micro-batches starting at `micro_batch` rows (halved on this rank alone after an
-// out-of-memory: there is no collective inside), then one sum over the ranks. The model is back
-// in train mode afterwards. `to_device` moves a host tensor to the model's device.
+// out-of-memory: there is no collective inside), under autocast in `precision`, then one sum over
+// the ranks. The model is back in train mode afterwards. `to_device` moves a host tensor to the
+// model's device.
 EvalEvent evaluate(Model& model, const Objective& objective, const data::SlabReader& validation,
                    comm::Communicator& comm, std::int64_t micro_batch, std::int64_t step,
+                   Precision precision,
                    const std::function<at::Tensor(const at::Tensor&)>& to_device);
 
 }  // namespace autoaccum::train

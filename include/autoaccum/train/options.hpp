@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/loss_scale.hpp"
+#include "autoaccum/train/precision.hpp"
 
 namespace autoaccum::train {
 
@@ -45,6 +47,10 @@ struct TrainOptions {
   std::string schedule = "constant";  // constant | cosine
   double clip_grad_norm = 0.0;        // 0: off
   std::string on_nonfinite = "stop";  // stop | skip
+  // --precision: the forward and loss under autocast in bf16 or fp16; parameters, optimizer
+  // state and the accumulated gradients stay fp32.
+  Precision precision = Precision::kFp32;
+  std::vector<OverflowInjection> inject_overflow;  // --inject-overflow drills (loss scaling)
 
   std::uint64_t seed = 0;
   int threads = 0;  // 0: cores on the node / ranks on the node

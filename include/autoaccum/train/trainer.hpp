@@ -21,8 +21,9 @@ struct TrainResult {
   double final_loss = 0;
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
-  std::int64_t oom_events = 0;     // OOMs seen by any rank (rows of the run log's oom group)
-  std::int64_t skipped_steps = 0;  // steps skipped for non-finite values
+  std::int64_t oom_events = 0;      // OOMs seen by any rank (rows of the run log's oom group)
+  std::int64_t skipped_steps = 0;   // steps skipped for non-finite values
+  std::int64_t overflow_steps = 0;  // fp16 steps skipped for an overflow (the scale halved)
   bool preempted = false;
 };
 

@@ -1,0 +1,57 @@
+// Precision: --precision fp32|bf16|fp16, as LibTorch's autocast around each forward and loss.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace autoaccum::train {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+
+Precision parse_precision(const std::string& text);  // UsageError naming --precision
+const char* to_string(Precision precision);
+// The dtype autocast lowers to: kBFloat16 or kHalf; kFloat for fp32.
+c10::ScalarType compute_dtype(Precision precision);
+
+// Why `precision` cannot run on `device` ("" when it can): fp16 needs a CUDA device (LibTorch
+// has no fast fp16 kernels on CPUs, and 1.13 none at all).
+std::string precision_problem(Precision precision, const c10::Device& device);
+
+// Tests only: AUTOACCUM_FP16_ON_CPU=1 lets --precision fp16 run on a CPU with its products in
+// bf16. Loss scaling does not depend on the dtype, so its agreement across ranks, checkpoints
+// and run log are testable without a GPU.
+bool fp16_emulated_on_cpu();
+// The dtype autocast uses for `precision` on `device`: compute_dtype, except emulated fp16.
+c10::ScalarType autocast_dtype_for(Precision precision, c10::DeviceType device);
+
+// While alive, operations on `device` run under LibTorch's autocast in `precision`'s dtype,
+// exactly as inside Python's `torch.autocast(device, dtype)`: matrix products and convolutions
+// in the lower precision, losses and reductions where autocast keeps them in fp32. Parameters
+// stay fp32 (autocast casts a copy, cached until the outermost scope ends). For fp32 it does
+// nothing. Scopes nest; the previous state comes back at the end.
+class AutocastScope {
+ public:
+  AutocastScope(Precision precision, c10::DeviceType device);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType device_;
+  bool was_enabled_ = false;
+  c10::ScalarType was_dtype_ = c10::kBFloat16;
+};
+
+// Whether autocast is on for `device` now, and its dtype (the fused linear layer asks).
+bool autocast_enabled(c10::DeviceType device);
+c10::ScalarType autocast_dtype(c10::DeviceType device);
+
+// A short probe of this device's matrix products: how many times faster an n x n x n product
+// runs in `dtype` than in fp32 (a few milliseconds, a few MiB freed at the end; run it before a
+// CPU memory budget applies). Tells the banner whether bf16 pays on this machine.
+double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64_t n = 512);
+
+}  // namespace autoaccum::train

@@ -1,0 +1,112 @@
+// Precision: autocast scopes and the start-up GEMM probe.
+#include "autoaccum/train/precision.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "autoaccum/compat/torch_compat.hpp"
+#include "autoaccum/core/error.hpp"
+
+namespace autoaccum::train {
+
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32") return Precision::kFp32;
+  if (text == "bf16") return Precision::kBf16;
+  if (text == "fp16") return Precision::kFp16;
+  throw UsageError("--precision: '" + text + "' is not one of fp32, bf16, fp16");
+}
+
+const char* to_string(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+c10::ScalarType compute_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16:
+      return c10::kBFloat16;
+    case Precision::kFp16:
+      return c10::kHalf;
+    case Precision::kFp32:
+      break;
+  }
+  return c10::kFloat;
+}
+
+bool fp16_emulated_on_cpu() {
+  const char* value = std::getenv("AUTOACCUM_FP16_ON_CPU");
+  return value && std::string(value) == "1";
+}
+
+c10::ScalarType autocast_dtype_for(Precision precision, c10::DeviceType device) {
+  if (precision == Precision::kFp16 && device != c10::DeviceType::CUDA && fp16_emulated_on_cpu())
+    return c10::kBFloat16;
+  return compute_dtype(precision);
+}
+
+std::string precision_problem(Precision precision, const c10::Device& device) {
+  if (precision == Precision::kFp16 && !device.is_cuda() && !fp16_emulated_on_cpu()) {
+    return "--precision fp16 needs --device cuda: LibTorch has no fast fp16 kernels on CPUs; use "
+           "--precision bf16 there";
+  }
+  return "";
+}
+
+AutocastScope::AutocastScope(Precision precision, c10::DeviceType device) : device_(device) {
+  if (precision == Precision::kFp32) return;
+  const compat::AutocastState before = compat::autocast_state(device);
+  was_enabled_ = before.enabled;
+  was_dtype_ = before.dtype;
+  compat::set_autocast_state(device, {true, autocast_dtype_for(precision, device)});
+  at::autocast::increment_nesting();
+  active_ = true;
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  // The outermost scope drops the cached lower-precision copies of the weights, as Python's
+  // torch.autocast does on exit: the next forward casts the updated weights afresh.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  compat::set_autocast_state(device_, {was_enabled_, was_dtype_});
+}
+
+bool autocast_enabled(c10::DeviceType device) {
+  return compat::autocast_state(device).enabled;
+}
+
+c10::ScalarType autocast_dtype(c10::DeviceType device) {
+  return compat::autocast_state(device).dtype;
+}
+
+double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64_t n) {
+  torch::NoGradGuard no_grad;
+  const auto seconds = [&](c10::ScalarType type) {
+    const auto options = torch::TensorOptions().dtype(type).device(device);
+    // Not randn: the probe must not draw from the generator that initialises the model.
+    const at::Tensor a = torch::linspace(-1.0, 1.0, n * n, options).reshape({n, n});
+    const at::Tensor b = a.t().contiguous();
+    (void)a.mm(b).sum().item<double>();  // warm-up: kernel selection, first-touch pages
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      (void)a.mm(b).sum().item<double>();  // .item() waits for a GPU
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+  };
+  const double fp32 = seconds(c10::kFloat);
+  return fp32 / std::max(seconds(dtype), 1e-9);
+}
+
+}  // namespace autoaccum::train

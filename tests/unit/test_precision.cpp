@@ -1,0 +1,150 @@
+// --precision: the autocast scope, and the fused linear layer under it against LibTorch's own
+// linear under the same autocast.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/train/fused_linear.hpp"
+#include "autoaccum/train/loss_scale.hpp"
+#include "autoaccum/train/precision.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+TEST(Precision, ParsesTheThreeNamesAndRefusesOthersNamingTheOption) {
+  EXPECT_EQ(parse_precision("fp32"), Precision::kFp32);
+  EXPECT_EQ(parse_precision("bf16"), Precision::kBf16);
+  EXPECT_EQ(parse_precision("fp16"), Precision::kFp16);
+  try {
+    parse_precision("half");
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--precision: 'half'"), std::string::npos);
+  }
+  EXPECT_EQ(precision_problem(Precision::kBf16, c10::Device(c10::kCPU)), "");
+  EXPECT_NE(precision_problem(Precision::kFp16, c10::Device(c10::kCPU)).find("--device cuda"),
+            std::string::npos);
+}
+
+TEST(AutocastScope, TurnsAutocastOnForItsLifeAndRestoresTheStateBefore) {
+  ASSERT_FALSE(autocast_enabled(c10::kCPU));
+  {
+    const AutocastScope fp32(Precision::kFp32, c10::kCPU);
+    EXPECT_FALSE(autocast_enabled(c10::kCPU));
+  }
+  const at::Tensor a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  {
+    const AutocastScope outer(Precision::kBf16, c10::kCPU);
+    EXPECT_TRUE(autocast_enabled(c10::kCPU));
+    EXPECT_EQ(autocast_dtype(c10::kCPU), c10::kBFloat16);
+    EXPECT_EQ(a.mm(b).scalar_type(), c10::kBFloat16);  // the product runs in bf16
+    {
+      const AutocastScope inner(Precision::kBf16, c10::kCPU);
+      EXPECT_TRUE(autocast_enabled(c10::kCPU));
+    }
+    EXPECT_TRUE(autocast_enabled(c10::kCPU));  // the inner scope restored the outer's state
+  }
+  EXPECT_FALSE(autocast_enabled(c10::kCPU));
+  EXPECT_EQ(a.mm(b).scalar_type(), c10::kFloat);
+}
+
+// Three micro-batches under bf16 autocast, gradients preset as views into one fp32 buffer.
+void accumulate_bf16(const at::Tensor& weight, const at::Tensor& bias, bool fused,
+                     const at::Tensor& x, at::Tensor& flat) {
+  flat = torch::zeros({7 * 5 + 7});
+  weight.mutable_grad() = flat.narrow(0, 0, 35).view({7, 5});
+  bias.mutable_grad() = flat.narrow(0, 35, 7);
+  for (int k = 0; k < 3; ++k) {
+    const at::Tensor micro = x.narrow(0, k * 4, 4).clone().requires_grad_();
+    at::Tensor loss;
+    {
+      const AutocastScope autocast(Precision::kBf16, c10::kCPU);
+      const at::Tensor y = fused ? accumulating_linear(micro, weight, bias)
+                                 : torch::nn::functional::linear(micro, weight, bias);
+      EXPECT_EQ(y.scalar_type(), c10::kBFloat16);
+      loss = (y.tanh() * (k + 1)).sum();
+    }
+    loss.backward();
+    EXPECT_EQ(micro.grad().scalar_type(), c10::kFloat);
+  }
+}
+
+TEST(AccumulatingLinear, UnderBf16AutocastEqualsLibTorchsLinearAndKeepsFp32Gradients) {
+  torch::manual_seed(4);
+  const at::Tensor x = torch::randn({12, 5});
+  const auto parameters = [] {
+    torch::manual_seed(3);
+    return std::make_pair(torch::randn({7, 5}).requires_grad_(),
+                          torch::randn({7}).requires_grad_());
+  };
+  auto [w_ref, b_ref] = parameters();
+  auto [w, b] = parameters();
+  at::Tensor flat_ref, flat;
+  accumulate_bf16(w_ref, b_ref, false, x, flat_ref);
+  accumulate_bf16(w, b, true, x, flat);
+  EXPECT_EQ(w.grad().scalar_type(), c10::kFloat);
+  EXPECT_EQ(w.grad().data_ptr(), flat.data_ptr());  // still accumulated into the fp32 buffer
+  EXPECT_GT(flat.abs().sum().item<double>(), 0);
+  EXPECT_TRUE(torch::allclose(flat, flat_ref, 1e-5, 1e-6)) << (flat - flat_ref).abs().max();
+  // And they differ from fp32 arithmetic: the check sees the precision.
+  auto [w32, b32] = parameters();
+  w32.mutable_grad() = torch::zeros({7, 5});
+  b32.mutable_grad() = torch::zeros({7});
+  for (int k = 0; k < 3; ++k)
+    (accumulating_linear(x.narrow(0, k * 4, 4), w32, b32).tanh() * (k + 1)).sum().backward();
+  EXPECT_FALSE(torch::allclose(w.grad(), w32.grad(), 1e-5, 1e-6));
+}
+
+TEST(LossScale, HalvesOnOverflowDoublesAfterTheIntervalAndRestores) {
+  LossScale off(false);
+  EXPECT_EQ(off.value(), 1.0);
+  off.after_overflow();
+  EXPECT_EQ(off.value(), 1.0);
+  EXPECT_FALSE(off.explains_overflow());
+
+  LossScale scale(true, 1024.0, 3);
+  EXPECT_TRUE(scale.explains_overflow());
+  scale.after_clean_step();
+  scale.after_clean_step();
+  scale.after_overflow();  // resets the count of clean steps
+  EXPECT_EQ(scale.value(), 512.0);
+  EXPECT_EQ(scale.clean_steps(), 0);
+  for (int i = 0; i < 2; ++i)
+    scale.after_clean_step();
+  EXPECT_EQ(scale.value(), 512.0);
+  scale.after_clean_step();  // the third in a row
+  EXPECT_EQ(scale.value(), 1024.0);
+  EXPECT_EQ(scale.clean_steps(), 0);
+
+  LossScale resumed(true);
+  resumed.restore(256.0, 7);
+  EXPECT_EQ(resumed.value(), 256.0);
+  EXPECT_EQ(resumed.clean_steps(), 7);
+  resumed.restore(0.0, 0);  // a checkpoint without a scale changes nothing
+  EXPECT_EQ(resumed.value(), 256.0);
+
+  // Past the minimum an overflow is no longer the scale's doing.
+  LossScale tiny(true, LossScale::kMinimum * 2, 10);
+  EXPECT_TRUE(tiny.explains_overflow());
+  tiny.after_overflow();
+  EXPECT_FALSE(tiny.explains_overflow());
+}
+
+TEST(OverflowInjection, ParsesItemsAndRefusesBadOnesNamingThem) {
+  const auto injections = parse_overflow_injections("rank=1,step=2;rank=0,step=5");
+  ASSERT_EQ(injections.size(), 2u);
+  EXPECT_EQ(injections[0].rank, 1);
+  EXPECT_EQ(injections[0].step, 2);
+  EXPECT_EQ(injections[1].step, 5);
+  for (const char* bad : {"rank=1", "rank=x,step=1", "rank=1,step=-1", "rank=1,when=2"}) {
+    try {
+      parse_overflow_injections(bad);
+      ADD_FAILURE() << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--inject-overflow"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace autoaccum::train
