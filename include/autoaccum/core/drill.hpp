@@ -2,6 +2,7 @@
 // several separated by ';'. One parser, so every drill refuses bad input the same way.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
