@@ -24,8 +24,8 @@ class AccumulatingLinear : public torch::autograd::Function<AccumulatingLinear> 
     if (autocast_enabled(device)) {
       const auto dtype = autocast_dtype(device);
       xc = x.to(dtype);
-      wc = weight.to(dtype);
-      bc = bias.to(dtype);
+      wc = cached_weight_cast(weight, dtype);  // once per step under the trainer's scope
+      bc = cached_weight_cast(bias, dtype);
     }
     ctx->save_for_backward({xc, wc});
     // The parameters themselves (not copies): backward reads and extends their .grad().

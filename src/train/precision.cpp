@@ -80,6 +80,18 @@ AutocastScope::~AutocastScope() {
   compat::set_autocast_state(device_, {was_enabled_, was_dtype_});
 }
 
+CastCacheScope::CastCacheScope(Precision precision) : active_(precision != Precision::kFp32) {
+  if (active_) at::autocast::increment_nesting();
+}
+
+CastCacheScope::~CastCacheScope() {
+  if (active_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+}
+
+at::Tensor cached_weight_cast(const at::Tensor& weight, c10::ScalarType dtype) {
+  return at::autocast::cached_cast(dtype, weight, weight.device().type());
+}
+
 bool autocast_enabled(c10::DeviceType device) {
   return compat::autocast_state(device).enabled;
 }

@@ -545,6 +545,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   AttemptPhase phase = AttemptPhase::kBuffers;
   try {
     guard.emplace(*model_state);
+    // Lower precision: each weight cast once for all the attempt's micro-batches.
+    const CastCacheScope casts(options.precision);
     for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
       // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
       // scheduler's grace time; the ranks agree at the collective below to drop the step.

@@ -466,24 +466,35 @@ def bench_precision(work, reps, results):
     out["throughput"] = {str(m): {k: spread(v) for k, v in r.items()} for m, r in raw.items()}
     out["gemm_speedup"] = spread(gemm)
 
-    log("== precision: peak bytes per row, and the automatic search under one limit")
-    peaks = {"fp32": {}, "bf16": {}}
-    for name, extra in (("fp32", []), ("bf16", bf16)):
-        for m in (64, 128, 256):
-            peaks[name][m] = int(runner.train(m, data=data, steps=4, extra=extra)
-                                 ["peak_bytes"].max())
-    out["peaks"] = {k: {str(m): v for m, v in p.items()} for k, p in peaks.items()}
-    out["per_row"] = {k: (p[256] - p[64]) / 192 for k, p in peaks.items()}
-    limit = limit_between(peaks["fp32"], 64)  # fp32 holds 64 rows but not 128
+    log("== precision: peak bytes (fixed part and per row), and auto under one limit")
+    fashion = os.path.join(work, "fashion-mnist-train.h5")
+    if not os.path.exists(fashion):
+        run([BIN, "import", "fashion-mnist", "--out", work])
+    models = {"mlp": (data, [], (64, 128, 256)),
+              "cnn": (fashion, ["--model", "cnn"], (32, 64, 128))}
+    out["memory"] = {}
+    for model, (path, model_args, sizes) in models.items():
+        mem = {}
+        for name, extra in (("fp32", []), ("bf16", bf16)):
+            peaks = {m: int(runner.train(m, data=path, steps=4, extra=model_args + extra)
+                            ["peak_bytes"].max()) for m in sizes}
+            per_row = (peaks[sizes[-1]] - peaks[sizes[0]]) / (sizes[-1] - sizes[0])
+            mem[name] = {"peaks": {str(m): v for m, v in peaks.items()}, "per_row": per_row,
+                         "fixed": peaks[sizes[0]] - sizes[0] * per_row}
+            log(f"  {model} {name}: {mem[name]['fixed'] / 2**20:.2f} MiB fixed, "
+                f"{per_row / 1024:.2f} KiB per row")
+        out["memory"][model] = mem
+    # The cnn, whose memory is mostly activations: a limit under which fp32 holds 32 rows, not 64.
+    cnn = out["memory"]["cnn"]["fp32"]["peaks"]
+    limit = (cnn["32"] + cnn["64"]) // 2
     out["limit"] = int(limit)
     out["auto"] = {}
     for name, extra in (("fp32", []), ("bf16", bf16)):
-        steps = runner.train("auto", data=data, limit=limit, extra=extra)
+        steps = runner.train("auto", data=fashion, limit=limit, extra=["--model", "cnn", *extra])
         out["auto"][name] = {"micro_batch": steps["final_micro_batch"],
                              "samples_per_second": runner.steady(steps)}
-        log(f"  {name}: {out['per_row'][name] / 1024:.1f} KiB per row; under "
-            f"{limit / 2**20:.2f} MiB auto settles at {steps['final_micro_batch']}, "
-            f"{out['auto'][name]['samples_per_second']:.0f}/s")
+        log(f"  cnn {name} under {limit / 2**20:.2f} MiB: auto settles at "
+            f"{steps['final_micro_batch']}, {out['auto'][name]['samples_per_second']:.0f}/s")
     results["precision"] = out
 
 
@@ -504,13 +515,20 @@ def render_precision(results):
                      f"{'yes' if row['ratio']['median'] >= 2 else '**no**'} | "
                      f"{fmt(row['ddp_bf16'], 0)} | {fmt(row['vs_ddp'])} | "
                      f"{'yes' if row['vs_ddp']['median'] >= 1.5 else '**no**'} |")
-    per = pr["per_row"]
-    auto = pr["auto"]
-    lines += ["", f"Memory: peak bytes grow by {per['fp32'] / 1024:.1f} KiB per row of a "
-              f"micro-batch in fp32 and {per['bf16'] / 1024:.1f} KiB in bf16 "
-              f"(bf16 / fp32 {per['bf16'] / per['fp32']:.2f}). Under one limit of "
-              f"{pr['limit'] / 2**20:.2f} MiB per rank (fp32 holds 64 rows, not 128):", "",
-              "| precision | micro-batch auto settles at | samples/s |", "|---|---|---|"]
+    mem, auto = pr["memory"], pr["auto"]
+    lines += ["", "Memory, from the peaks at three fixed micro-batches: a fixed part (parameters, "
+              "gradients, optimizer state, and in bf16 the weights' bf16 copies) and a part per "
+              "row of a micro-batch (activations).", "",
+              "| model | precision | fixed MiB | KiB per row | per row bf16 / fp32 |",
+              "|---|---|---|---|---|"]
+    for model, m in mem.items():
+        for name in ("fp32", "bf16"):
+            ratio = f"{m['bf16']['per_row'] / m['fp32']['per_row']:.2f}" if name == "bf16" else ""
+            lines.append(f"| {model} | {name} | {m[name]['fixed'] / 2**20:.2f} | "
+                         f"{m[name]['per_row'] / 1024:.2f} | {ratio} |")
+    lines += ["", f"The cnn on Fashion-MNIST under one limit of {pr['limit'] / 2**20:.2f} MiB per "
+              "rank (fp32 holds 32 rows, not 64), `--micro-batch auto`:", "",
+              "| precision | settles at | samples/s |", "|---|---|---|"]
     for name in ("fp32", "bf16"):
         lines.append(f"| {name} | {auto[name]['micro_batch']} | "
                      f"{auto[name]['samples_per_second']:.0f} |")

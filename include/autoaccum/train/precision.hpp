@@ -1,6 +1,7 @@
 // Precision: --precision fp32|bf16|fp16, as LibTorch's autocast around each forward and loss.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
@@ -44,6 +45,25 @@ class AutocastScope {
   bool was_enabled_ = false;
   c10::ScalarType was_dtype_ = c10::kBFloat16;
 };
+
+// While alive, autocast's copies of the weights in the lower precision are kept from one
+// AutocastScope to the next, then dropped: the trainer holds one over an attempt, so a step of k
+// micro-batches casts each weight once instead of k times (the weights cannot change within a
+// step; the values, and so the results, are the same). For fp32 it does nothing.
+class CastCacheScope {
+ public:
+  explicit CastCacheScope(Precision precision);
+  ~CastCacheScope();
+  CastCacheScope(const CastCacheScope&) = delete;
+  CastCacheScope& operator=(const CastCacheScope&) = delete;
+
+ private:
+  bool active_;
+};
+
+// A parameter in autocast's `dtype`, through autocast's cache (the cast is made once per
+// CastCacheScope, or per AutocastScope without one).
+at::Tensor cached_weight_cast(const at::Tensor& weight, c10::ScalarType dtype);
 
 // Whether autocast is on for `device` now, and its dtype (the fused linear layer asks).
 bool autocast_enabled(c10::DeviceType device);
