@@ -352,16 +352,22 @@ def render_lm(results):
     return "\n".join(lines) + "\n"
 
 
+def synth784(work):
+    """The MLP benchmarks' data file in `work`, made once: 16384 rows of 784 features."""
+    data = os.path.join(work, "synth784.h5")
+    if not os.path.exists(data):
+        run([BIN, "synth", "--out", data, "--rows", 16384, "--features", 784, "--classes", 10,
+             "--seed", 1])
+    return data
+
+
 def bench_mixed(work, reps, results):
     """Issue 16: one rank made 2x and 3x slower (--inject-slow), --balance throughput against
     none (target >= 1.3 at 2x); and one rank with room for half the activations,
     --micro-batch-scope rank against global."""
     log("== mixed hardware: a slow rank, --balance throughput against none")
     runner = Runner(work, 40)
-    data = os.path.join(work, "synth784.h5")
-    if not os.path.exists(data):
-        run([BIN, "synth", "--out", data, "--rows", 16384, "--features", 784, "--classes", 10,
-             "--seed", 1])
+    data = synth784(work)
     out = {"balance": {}, "scope": {}}
     for factor in (2, 3):
         raw = {"none": [], "throughput": [], "ratio": [], "rows": None}
@@ -438,10 +444,7 @@ def bench_precision(work, reps, results):
     peak bytes per row in each, and where the automatic search settles under one limit."""
     log("== precision: bf16 against fp32, and against DDP with autocast bf16")
     runner = Runner(work, 40)
-    data = os.path.join(work, "synth784.h5")
-    if not os.path.exists(data):
-        run([BIN, "synth", "--out", data, "--rows", 16384, "--features", 784, "--classes", 10,
-             "--seed", 1])
+    data = synth784(work)
     bf16 = ["--precision", "bf16"]
     out = {"throughput": {}, "reps": reps}
     raw = {m: {"fp32": [], "bf16": [], "ratio": [], "ddp_bf16": [], "vs_ddp": []}

@@ -1,0 +1,495 @@
+// Trainer setup: threads and device, outputs, data, model, the setup trial, the step's
+// buffers and optimizer state, observers and the banner; every step that can fail is agreed
+// on by all ranks (docs/design.md, "Inside train").
+#include "autoaccum/train/trainer.hpp"
+
+#include <sched.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/comm/factory.hpp"
+#include "autoaccum/comm/nccl_communicator.hpp"
+#include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/console.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/core/output_lock.hpp"
+#include "autoaccum/data/batch_plan.hpp"
+#include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/io/checkpoint.hpp"
+#include "autoaccum/io/run_log.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/balance.hpp"
+#include "autoaccum/train/micro_batch.hpp"
+#include "autoaccum/train/model_state.hpp"
+#include "autoaccum/train/objective.hpp"
+#include "autoaccum/train/observers.hpp"
+#include "autoaccum/train/optimizer_step.hpp"
+#include "autoaccum/train/reduce_buffer.hpp"
+#include "autoaccum/train/schedule.hpp"
+#include "autoaccum/train/step_agreement.hpp"
+
+#include "trainer_state.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+std::string hostname() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+}  // namespace
+
+ThreadChoice choose_threads(int requested, int local_ranks) {
+  if (requested > 0) return {requested, "--threads"};
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    const int allowed = CPU_COUNT(&mask);
+    if (allowed > 0 && allowed < cores) {
+      return {allowed, "CPU mask of " + std::to_string(allowed) + " core(s)"};
+    }
+  }
+  const int ranks = std::max(1, local_ranks);
+  return {std::max(1, cores / ranks),
+          std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
+}
+
+void Trainer::State::setup() {
+  rank = comm.rank();
+  world = comm.size();
+  root = rank == 0;
+  loss_scale = LossScale(options.precision == Precision::kFp16);
+  options.memory_limit = limit_of(rank);  // --memory-limit A,B,...: this rank's item
+  for (const auto& slow : options.inject_slow) {
+    if (slow.rank == rank) slow_factor = slow.factor;
+  }
+  control = ControlLayout{world};
+  const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
+  thread_source = threads.source;
+  at::set_num_threads(threads.count);
+  memory::tune_malloc();
+
+  choose_device();
+  take_outputs();  // before anything is written, so a second job on them is refused at once
+  open_data();
+  build_model();
+  trial();
+  allocate_step_state();
+  seed_generators_for_rank(options.seed, rank);
+  resume();
+  open_observers();
+  announce();
+}
+
+void Trainer::State::choose_device() {
+  const auto& o = options;
+  // "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the node-local rank
+  // among the visible ones (the NCCL communicator picks the same one); --memory-limit then
+  // caps the CUDA caching allocator.
+  const int gpus = memory::cuda_device_count();
+  const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
+  comm::collectively(comm, [&] {
+    if (o.device != "cuda") return;
+    if (!memory::cuda_built()) {
+      throw UsageError(
+          "--device cuda: this build has no CUDA support (it needs a LibTorch built "
+          "with CUDA; see docs/gpu.md)");
+    }
+    if (gpus == 0) throw UsageError("--device cuda: rank " + std::to_string(rank) + " sees no GPU");
+  });
+  context.use_cuda = o.device == "cuda" || (o.device == "auto" && gpus_everywhere);
+  comm::collectively(comm, [&] {
+    const std::string problem = precision_problem(
+        o.precision, context.use_cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
+    if (!problem.empty()) throw UsageError(problem);
+  });
+  // The precision probe's few MiB come and go before --memory-limit applies to the CPU.
+  memory::install_cpu_budget(0);
+  if (!context.use_cuda) probe_precision();
+  // On CUDA, host tensors are still counted, never limited; the limit is the GPU's.
+  memory::install_cpu_budget(context.use_cuda ? 0 : o.memory_limit);
+  if (context.use_cuda) {
+    const int index = comm.local_rank() % gpus;
+    context.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+    comm::collectively(comm, [&] { memory::use_cuda_device(index, o.memory_limit); });
+    probe_precision();
+  }
+}
+
+void Trainer::State::take_outputs() {
+  // Rank 0 writes both; a live job holding either refuses this one, and a dead one's lock is
+  // taken over with a warning.
+  comm::collectively(comm, [&] {
+    if (!root) return;
+    if (!options.run_log.empty()) check_writable_file("--run-log", options.run_log);
+    if (!options.checkpoint.empty()) check_writable_file("--checkpoint", options.checkpoint);
+    if (!options.run_log.empty())
+      locks.push_back(std::make_unique<OutputLock>("--run-log", options.run_log));
+    if (!options.checkpoint.empty() && options.checkpoint != options.run_log)
+      locks.push_back(std::make_unique<OutputLock>("--checkpoint", options.checkpoint));
+  });
+  for (const auto& lock : locks) {
+    if (!lock->warning().empty() && !options.quiet)
+      core::write_line(stderr, "autoaccum: warning: " + lock->warning());
+  }
+  // Holding the locks, no other writer exists: temporaries beside the outputs are a killed
+  // writer's leftovers.
+  if (root) {
+    for (const std::string* output : {&options.run_log, &options.checkpoint}) {
+      if (output->empty()) continue;
+      for (const auto& removed : remove_stale_temporaries(*output)) {
+        if (!options.quiet)
+          core::write_line(stderr,
+                           "autoaccum: note: removed " + removed + ", left by a killed writer");
+      }
+    }
+  }
+}
+
+void Trainer::State::open_data() {
+  const auto& o = options;
+  comm::collectively(comm, [&] {
+    reader = std::make_unique<data::SlabReader>(data::expand_data_paths(o.data), o.inputs,
+                                                o.targets, true, o.ignore_index);
+    const auto& schema = reader->schema();
+    const bool classification = schema.target().type == data::FieldType::kInt64;
+    objective.emplace(Objective::choose(o.loss, schema.target(),
+                                        classification ? *schema.num_classes : 0, o.ignore_index));
+    if (!o.val_data.empty()) {
+      val_reader =
+          std::make_unique<data::SlabReader>(data::expand_data_paths(o.val_data, "--val-data"),
+                                             o.inputs, o.targets, true, o.ignore_index);
+      const auto& a = reader->schema();
+      const auto& b = val_reader->schema();
+      for (std::size_t i = 0; i < a.fields.size(); ++i) {
+        if (a.fields[i].type != b.fields[i].type ||
+            a.fields[i].row_shape != b.fields[i].row_shape) {
+          throw InputError(
+              "--val-data '" + val_reader->paths().front() + "': dataset '" + b.fields[i].name +
+              "' is " + data::to_string(b.fields[i].type) + " " +
+              shape_text(b.fields[i].row_shape) + " per row, but the training data's is " +
+              data::to_string(a.fields[i].type) + " " + shape_text(a.fields[i].row_shape));
+        }
+      }
+      // Checked now, not in the final evaluation after hours of training.
+      if (classification && b.max_label && *b.max_label >= objective->classes()) {
+        throw InputError("--val-data '" + val_reader->paths().front() + "': dataset '" + o.targets +
+                         "' has label " + std::to_string(*b.max_label) +
+                         ", outside the training data's " + std::to_string(objective->classes()) +
+                         " classes [0, " + std::to_string(objective->classes()) + ")");
+      }
+    }
+    plan = std::make_unique<data::BatchPlan>(schema.rows, o.global_batch, world,
+                                             data::parse_shuffle(o.shuffle), o.seed);
+    if (o.steps < 0 || o.epochs < 0) throw UsageError("--steps and --epochs must not be negative");
+    total_steps =
+        o.steps > 0
+            ? o.steps
+            : static_cast<std::int64_t>(o.epochs * static_cast<double>(plan->batches_per_epoch()));
+    if (total_steps < 1)
+      throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
+    shares = std::make_unique<ShareSchedule>(even_shares(o.global_batch, world));
+    if (o.balance && o.micro_batch && *o.micro_batch * world > o.global_batch) {
+      throw UsageError("--balance throughput keeps every rank at least its micro-batch, but " +
+                       std::to_string(world) + " ranks x --micro-batch " +
+                       std::to_string(*o.micro_batch) + " is more than --global-batch " +
+                       std::to_string(o.global_batch) +
+                       ": lower --micro-batch or use --micro-batch auto");
+    }
+    micro_batches = std::make_unique<RankMicroBatches>(
+        world, plan->max_rank_rows(), o.micro_batch, std::vector<std::int64_t>{},
+        o.refine_micro_batch, o.micro_batch_per_rank);
+    schedule = make_schedule(o.lr, o.warmup_steps, total_steps, o.schedule);
+    if (o.lr <= 0 || !std::isfinite(o.lr)) throw UsageError("--lr must be positive");
+  });
+}
+
+void Trainer::State::build_model() {
+  const auto& o = options;
+  comm::collectively(comm, [&] {
+    const auto& schema = reader->schema();
+    ModelSpec spec;
+    spec.kind = o.model;
+    spec.hidden = o.hidden;
+    spec.file = o.model_file;
+    spec.input_shape = schema.fields.front().row_shape;
+    spec.outputs = objective->classification() ? objective->classes() : [&] {
+      std::int64_t n = 1;
+      for (auto d : schema.target().row_shape)
+        n *= d;
+      return n;
+    }();
+    torch::manual_seed(o.seed);  // the same initial parameters on every rank
+    model = make_model(spec);
+  });
+  // Rank 0's initial parameters and buffers everywhere (equal by seeding or by the file; this
+  // makes it certain). Broadcast on the host, before the model moves to its device.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters())
+      comm.broadcast(p.data_ptr(), static_cast<std::size_t>(p.nbytes()), 0);
+  }
+  if (context.use_cuda) {
+    comm::collectively(comm, [&] {
+      model->to(context.device);
+      reader->set_pinned(true);
+      if (val_reader) val_reader->set_pinned(true);
+    });
+    // The gradient communicator for device buffers (--backend auto: NCCL), bootstrapped over
+    // MPI; every rank builds it, or every rank learns why not.
+    comm::collectively(comm, [&] {
+      context.gradient_comm =
+          comm::make_communicator(comm::parse_backend(options.backend), comm::MemoryKind::kDevice);
+      if (auto* nccl = dynamic_cast<comm::NcclCommunicator*>(context.gradient_comm.get()))
+        nccl->set_compute_stream(memory::current_cuda_stream());
+    });
+  }
+  // A file saved after model.eval() would otherwise train with dropout off and BatchNorm frozen.
+  model->set_training(true);
+  parameters = model->parameter_set();
+  comm::collectively(comm,
+                     [&] { model_state = std::make_unique<ModelState>(*model, context.device); });
+}
+
+// One forward and loss on this rank's first rows, in eval mode and without gradients, so that
+// a model that cannot take the data fails here with one line, not at step 0 with a traceback
+// per rank. Buffers and random state are restored: the trial leaves no trace.
+void Trainer::State::trial() {
+  comm::collectively(comm, [&] {
+    const std::int64_t per_epoch = plan->batches_per_epoch();
+    const data::RowRange part = plan->rank_rows(0, 0 % per_epoch, rank);
+    if (part.size() < 1) return;
+    data::Batch rows = [&] {
+      const memory::UncountedScope staging;
+      return reader->read(part.begin, std::min(part.end, part.begin + 2));
+    }();
+    const auto& schema = reader->schema();
+    std::ostringstream what;
+    what << model_name() << " on --data '" << reader->paths().front() << "' (";
+    for (std::size_t i = 0; i + 1 < rows.size(); ++i) {
+      const at::Tensor& t = rows[i];
+      std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+      what << (i ? ", " : "") << schema.fields[i].name << " " << shape_text(shape) << " "
+           << t.scalar_type();
+    }
+    what << "): ";
+    AttemptGuard guard(*model_state);  // never committed
+    torch::NoGradGuard no_grad;
+    model->set_training(false);  // one row must do: BatchNorm1d cannot take it in train mode
+    struct TrainAgain {
+      Model& model;
+      ~TrainAgain() { model.set_training(true); }
+    } train_again{*model};
+    memory::OomWatch watch;
+    try {
+      std::vector<at::Tensor> inputs;
+      for (std::size_t i = 0; i + 1 < rows.size(); ++i)
+        inputs.push_back(context.on_device(rows[i]));
+      const at::Tensor target = context.on_device(rows[rows.size() - 1]);
+      const AutocastScope autocast(options.precision, context.device.type());
+      if (objective->from_model()) {
+        (void)model->forward_loss(inputs, target).first.item<double>();
+      } else {
+        const at::Tensor output = model->forward(inputs);
+        const std::string problem = objective->check_output(output, rows.rows(), options.targets);
+        if (!problem.empty()) throw InputError(problem);
+        (void)objective->terms(output, target).sum.item<double>();
+      }
+    } catch (const InputError& e) {
+      throw InputError(what.str() + e.what());
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (watch.explains(e)) {
+        throw Error("the model does not fit in memory (limit " + limit_text() +
+                        ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
+                    ExitCode::kOutOfMemory);
+      }
+      const std::string hint = objective->from_model()
+                                   ? "--loss model calls forward(inputs..., targets) and needs "
+                                     "(loss_sum, weight) back: "
+                                   : "";
+      throw InputError(what.str() + hint + torch_error_summary(e));
+    }
+  });
+}
+
+// The reduce buffer, the gradient views and the optimizer state, allocated once: a model that
+// cannot hold them fails here, with exit code 3, not inside a step.
+void Trainer::State::allocate_step_state() {
+  comm::collectively(comm, [&] {
+    memory::OomWatch watch;
+    try {
+      ReduceLayout layout;
+      gradient_region = layout.add("gradients", parameters.trainable_elements);
+      buffer_region = layout.add("buffers", model_state->reduce_count());
+      control_region = layout.add("control", control.count());
+      reduce = std::make_unique<ReduceBuffer>(std::move(layout), context.device);
+      reduce->bind_gradients(parameters.trainable, gradient_region);
+      optimizer = std::make_unique<OptimizerStep>(options, parameters.trainable);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (!watch.explains(e)) throw;
+      throw Error(
+          "the model's parameters, gradients and optimizer state do not fit in memory "
+          "(limit " +
+              limit_text() + "); raise --memory-limit or use a smaller model",
+          ExitCode::kOutOfMemory);
+    }
+  });
+  control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
+  if (context.gradient_comm) {
+    // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
+    // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
+    // for them stops here with an out-of-memory message, before the first step.
+    comm::collectively(comm, [&] {
+      reduce->all().zero_();
+      reduce_comm().allreduce_sum(reduce->all().data_ptr<float>(),
+                                  static_cast<std::size_t>(reduce->all().numel()));
+    });
+  }
+}
+
+void Trainer::State::probe_precision() {
+  if (!root) return;
+  lower_gemm_speedup =
+      gemm_speedup(autocast_dtype_for(
+                       options.precision == Precision::kFp32 ? Precision::kBf16 : options.precision,
+                       context.device.type()),
+                   context.device);
+}
+
+void Trainer::State::open_observers() {
+  // Host names for the run log, gathered once.
+  std::vector<char> names(static_cast<std::size_t>(world) * 64, '\0');
+  const std::string mine = hostname().substr(0, 63);
+  std::vector<char> own(64, '\0');
+  std::copy(mine.begin(), mine.end(), own.begin());
+  comm.allgather(own.data(), 64, names.data());
+  for (int r = 0; r < world; ++r)
+    hostnames.emplace_back(names.data() + r * 64);
+  peak_bytes.assign(static_cast<std::size_t>(world), 0);
+
+  if (!options.run_log.empty()) {
+    comm::collectively(comm, [&] {
+      if (!root) return;
+      if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
+        observers.push_back(std::make_unique<RunLogObserver>(
+            io::RunLogWriter::append(options.run_log, step, hostnames), options.log_flush_every));
+        return;
+      }
+      io::RunLogHeader header;
+      header.world_size = world;
+      header.global_batch = options.global_batch;
+      header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
+      header.command_line = options.command_line;
+      header.started_at = io::utc_now();
+      header.hostnames = hostnames;
+      header.text = {
+          {"model", model->describe()},
+          {"loss", objective->describe()},
+          {"optimizer", options.optimizer},
+          {"schedule", options.schedule},
+          {"data", reader->paths().front() +
+                       (reader->paths().size() > 1
+                            ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
+                            : "")},
+          {"memory_limit", memory_limit_text()},
+          {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
+          {"balance", balance_text()},
+          {"precision", to_string(options.precision)}};
+      header.numbers = {
+          {"lr", options.lr},
+          {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
+          {"total_steps", static_cast<double>(total_steps)},
+          {"parameters", static_cast<double>(parameters.trainable_elements)},
+          {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
+          {"shared_parameters", static_cast<double>(parameters.shared_elements)},
+          {"averaged_buffer_values", static_cast<double>(model_state->reduce_count())},
+          {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+          {"lower_precision_gemm_speedup", lower_gemm_speedup}};
+      observers.push_back(std::make_unique<RunLogObserver>(
+          io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
+    });
+  }
+  if (root && !options.quiet) {
+    observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps,
+                                                           options.global_batch));
+  }
+}
+
+void Trainer::State::announce() {
+  std::vector<std::string> unique(hostnames);
+  std::sort(unique.begin(), unique.end());
+  const auto nodes = std::unique(unique.begin(), unique.end()) - unique.begin();
+  std::ostringstream banner;
+  banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
+         << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
+         << model->describe() << ": " << parameters.describe();
+  if (model_state->reduce_count() > 0) {
+    banner << "; " << model_state->reduce_count()
+           << " buffer value(s) averaged over the ranks every step";
+  }
+  banner << "\nautoaccum: loss: " << objective->describe()
+         << "\nautoaccum: " << reader->schema().rows << " rows, global batch "
+         << options.global_batch << " (" << plan->batches_per_epoch() << " batches per epoch), "
+         << total_steps << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
+         << (micro_batches->per_rank() ? " per rank" : "")
+         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
+         << "; memory limit " << memory_limit_text()
+         << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
+  const char* lower = options.precision == Precision::kFp16 ? "fp16" : "bf16";
+  std::ostringstream speedup;
+  speedup << std::fixed << std::setprecision(1) << lower_gemm_speedup << "x";
+  const std::string where = context.use_cuda ? "this GPU's " : "this CPU's ";
+  if (options.precision == Precision::kFp32) {
+    banner << "\nautoaccum: precision fp32";
+    if (lower_gemm_speedup >= 1.5) {
+      banner << " (" << where << "bf16 matrix products run " << speedup.str()
+             << " as fast: --precision bf16 may train faster)";
+    }
+  } else {
+    banner << "\nautoaccum: precision " << to_string(options.precision)
+           << ": forward and loss under autocast, parameters and gradients fp32; " << where << lower
+           << " matrix products run " << speedup.str() << " as fast as fp32's"
+           << (lower_gemm_speedup < 1.5 ? " (no fast " + std::string(lower) +
+                                              " here: expect little speed-up, only memory)"
+                                        : std::string());
+    if (loss_scale.enabled()) {
+      banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
+             << ", halved on every rank when the gradients overflow, doubled after "
+             << LossScale::kGrowthInterval << " clean steps";
+      if (!context.use_cuda)
+        banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
+    }
+  }
+  if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
+  for (const auto& slow : options.inject_slow) {
+    banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
+           << "x slower per row (--inject-slow)";
+  }
+  if (step > 0)
+    banner << "\nautoaccum: resumed at step " << step << " with micro-batch "
+           << micro_batches->describe();
+  say(banner.str());
+  for (const auto& line : say_later)
+    say("note: " + line);
+  say_later.clear();
+}
+
+}  // namespace autoaccum::train
