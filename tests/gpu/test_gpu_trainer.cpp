@@ -118,5 +118,52 @@ TEST_F(GpuTrainerTest, ARealCudaOutOfMemoryIsRecoveredByHalving) {
   }
 }
 
+// --precision bf16 and fp16 on a GPU: the step's gradient against the CPU's fp32 one, within the
+// rounding of 8 (bf16) or 11 (fp16) significant bits of each product.
+at::Tensor one_step_gradient(TrainOptions o, comm::Communicator& world) {
+  Trainer t(o, world);
+  t.run();
+  return t.last_gradient().to(at::kCPU);
+}
+
+double relative_error(const at::Tensor& a, const at::Tensor& reference) {
+  return (a - reference).abs().max().item<double>() / reference.abs().max().item<double>();
+}
+
+TEST_F(GpuTrainerTest, Bf16AndFp16GradientsAreCloseToTheFp32Gradient) {
+  TrainOptions o = base(512 * world.size(), 1);
+  o.micro_batch = 48;  // does not divide 512
+  const at::Tensor fp32 = one_step_gradient(o, world);
+  o.precision = Precision::kBf16;
+  const at::Tensor bf16 = one_step_gradient(o, world);
+  o.precision = Precision::kFp16;
+  const at::Tensor fp16 = one_step_gradient(o, world);
+  EXPECT_LT(relative_error(bf16, fp32), 3e-2);
+  EXPECT_LT(relative_error(fp16, fp32), 5e-3);
+  EXPECT_GT(relative_error(bf16, fp32), 0) << "bf16 must not compute in fp32";
+}
+
+TEST_F(GpuTrainerTest, Fp16SkipsAnInjectedOverflowOnEveryRankAndHalvesTheScale) {
+  TrainOptions o = base(512 * world.size(), 4);
+  o.precision = Precision::kFp16;
+  o.inject_overflow = {OverflowInjection{world.size() - 1, 1}};
+  o.run_log = dir + "/gpu-fp16.h5";
+  TrainResult r;
+  {
+    Trainer t(o, world);
+    r = t.run();
+  }
+  EXPECT_EQ(r.steps_done, 4);
+  EXPECT_EQ(r.overflow_steps, 1);
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(o.run_log);
+    const auto& scale = log.column("steps", "loss_scale")->values;
+    ASSERT_EQ(scale.size(), 4u);
+    EXPECT_EQ(scale[1], 65536.0);
+    EXPECT_EQ(scale[2], 32768.0);
+    EXPECT_EQ(log.column("steps", "skipped")->values[1], 1.0);
+  }
+}
+
 }  // namespace
 }  // namespace autoaccum::train
