@@ -367,11 +367,18 @@ void Trainer::State::allocate_step_state() {
 
 void Trainer::State::probe_precision() {
   if (!root) return;
-  lower_gemm_speedup =
-      gemm_speedup(autocast_dtype_for(
-                       options.precision == Precision::kFp32 ? Precision::kBf16 : options.precision,
-                       context.device.type()),
-                   context.device);
+  // Only a report: a device without lower-precision products (an older GPU) fails the probe,
+  // which must not stop an fp32 run; a bf16 run there fails at its first step instead.
+  try {
+    lower_gemm_speedup =
+        gemm_speedup(autocast_dtype_for(options.precision == Precision::kFp32 ? Precision::kBf16
+                                                                              : options.precision,
+                                        context.device.type()),
+                     context.device);
+  } catch (const std::exception& e) {
+    lower_gemm_speedup = 0;
+    gemm_probe_failure = torch_error_summary(e);
+  }
 }
 
 void Trainer::State::open_observers() {
@@ -465,11 +472,15 @@ void Trainer::State::announce() {
     }
   } else {
     banner << "\nautoaccum: precision " << to_string(options.precision)
-           << ": forward and loss under autocast, parameters and gradients fp32; " << where << lower
-           << " matrix products run " << speedup.str() << " as fast as fp32's"
-           << (lower_gemm_speedup < 1.5 ? " (no fast " + std::string(lower) +
-                                              " here: expect little speed-up, only memory)"
-                                        : std::string());
+           << ": forward and loss under autocast, parameters and gradients fp32; ";
+    if (!gemm_probe_failure.empty()) {
+      banner << "the " << lower << " probe failed on this device: " << gemm_probe_failure;
+    } else {
+      banner << where << lower << " matrix products run " << speedup.str() << " as fast as fp32's"
+             << (lower_gemm_speedup < 1.5 ? " (no fast " + std::string(lower) +
+                                                " here: expect little speed-up, only memory)"
+                                          : std::string());
+    }
     if (loss_scale.enabled()) {
       banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
              << ", halved on every rank when the gradients overflow, doubled after "

@@ -71,6 +71,7 @@ struct Trainer::State {
   // Rank 0's probe: how many times faster this device's matrix products run in the lower
   // precision (bf16, or fp16 for --precision fp16) than in fp32; 0 when not probed.
   double lower_gemm_speedup = 0;
+  std::string gemm_probe_failure;  // why the probe failed, if it did
   void probe_precision();
   // --precision fp16's dynamic loss scale (disabled otherwise: value 1).
   LossScale loss_scale{false};
