@@ -5,11 +5,13 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "autoaccum/cli/mpi_runtime.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
@@ -58,6 +60,16 @@ int spmd_main(int argc, char** argv, const SpmdBody& body) {
         if (world) world->barrier();
       } catch (const std::exception&) {
       }
+    } catch (const CollectiveTimeout& e) {
+      // Some rank will never come back (comm/watchdog.hpp), so MPI_Finalize could hang: the one
+      // rank chosen to report says the line, and MPI_Abort ends every rank the launcher still
+      // reaches. The others give it a moment, so that its line (and rank 0's run log) comes first.
+      if (e.reporter())
+        core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
+      else
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+      MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.exit_code()));
+      std::_Exit(static_cast<int>(e.exit_code()));
     } catch (const Error& e) {
       abort_job(e.what(), e.exit_code());
     } catch (const c10::Error& e) {

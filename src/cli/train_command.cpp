@@ -1,4 +1,5 @@
 // autoaccum train: options, validation with one-line errors, and the trainer.
+#include <cmath>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -153,6 +154,15 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     o.inject_oom = memory::parse_oom_injections(vm["inject-oom"].as<std::string>());
   if (vm.count("inject-overflow"))
     o.inject_overflow = train::parse_overflow_injections(vm["inject-overflow"].as<std::string>());
+  if (vm.count("inject-stall"))
+    o.inject_stall = core::parse_stall_injections(vm["inject-stall"].as<std::string>());
+  o.collective_timeout_seconds = vm["collective-timeout"].as<double>();
+  if (!(o.collective_timeout_seconds >= 0) || !std::isfinite(o.collective_timeout_seconds))
+    throw UsageError("--collective-timeout: must be a number of seconds >= 0 (0: no deadline)");
+  if (o.collective_timeout_seconds > 0 && o.collective_timeout_seconds < 1)
+    throw UsageError(
+        "--collective-timeout: less than 1 s would stop healthy runs (a rank "
+        "waiting for a slower one); use at least 1, or 0 for no deadline");
   if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
@@ -253,6 +263,12 @@ Command train_command() {
       "drill: rank R runs out of memory whenever a micro-batch has more than M rows");
   add("inject-overflow", po::value<std::string>()->value_name("rank=R,step=S[;...]"),
       "drill: rank R's loss at step S is made infinite before backward, as an fp16 overflow");
+  add("inject-stall", po::value<std::string>()->value_name("rank=R,step=S,seconds=T[;...]"),
+      "drill: rank R stops for T seconds at the start of step S (a hung file system or GPU)");
+  add("collective-timeout", po::value<double>()->default_value(600)->value_name("SECONDS"),
+      "deadline of every collective: past it the ranks that can still talk end the job with "
+      "exit code 5 and one line naming the ranks that did not arrive (0: wait forever). Raise "
+      "it if a step, an evaluation or a checkpoint write legitimately takes longer");
   add("run-log", po::value<std::string>()->value_name("FILE.h5"),
       "HDF5 run log (written by rank 0)");
   add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");

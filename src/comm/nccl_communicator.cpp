@@ -4,6 +4,7 @@
 #include <string>
 
 #include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/error.hpp"
 
 #if AUTOACCUM_HAVE_NCCL
@@ -79,10 +80,13 @@ void release_cuda_handles(NcclCommunicator::Impl& impl) noexcept {
                   detail);
 }
 
-// Waits until `done()` or NCCL reports an error; aborts the communicator past the timeout so a
-// peer that died cannot leave this rank waiting forever.
+// Waits until `done()` or NCCL reports an error; aborts the communicator past the deadline (the
+// watchdog's --collective-timeout when set, else the constructor's) so a peer that died cannot
+// leave this rank waiting forever.
 template <class Done>
 void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done done) {
+  const Watchdog& dog = watchdog();
+  const std::chrono::milliseconds timeout = dog.enabled() ? dog.timeout() : impl.timeout;
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     if (done()) return;
@@ -91,11 +95,15 @@ void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done don
     if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
       throw_nccl_failure(impl, what, rank, query != ncclSuccess ? query : state);
     }
-    if (std::chrono::steady_clock::now() - start > impl.timeout) {
+    if (std::chrono::steady_clock::now() - start > timeout) {
       impl.abort();
-      throw CommError("rank " + std::to_string(rank) + ": " + what + " did not complete within " +
-                      std::to_string(impl.timeout.count()) +
-                      " ms; the NCCL communicator was aborted (a peer rank may have died)");
+      TimeoutReport report;
+      report.collective = what;
+      report.timeout = timeout;
+      report.context = dog.context();
+      throw CollectiveTimeout("rank " + std::to_string(rank) + ": " + describe_timeout(report) +
+                                  "; the NCCL communicator was aborted",
+                              /*reporter=*/true);
     }
     std::this_thread::yield();
   }
@@ -287,10 +295,12 @@ void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::s
 }  // namespace
 
 void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count) {
+  control_->arrive("ncclAllReduce(float, sum)");  // the watchdog: every rank is here
   device_allreduce(*impl_, rank(), data, count, ncclFloat32);
 }
 
 void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count) {
+  control_->arrive("ncclAllReduce(double, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat64);
 }
 

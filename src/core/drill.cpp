@@ -52,4 +52,20 @@ std::vector<DrillItem> parse_drill(const std::string& option, const std::string&
   return items;
 }
 
+std::vector<StallInjection> parse_stall_injections(const std::string& text) {
+  const std::string form = "rank=R,step=S,seconds=T";
+  std::vector<StallInjection> all;
+  for (const auto& item : parse_drill("--inject-stall", text, {"rank", "step", "seconds"},
+                                      {"rank", "step", "seconds"}, {"rank", "step"}, form)) {
+    StallInjection stall;
+    stall.rank = static_cast<int>(item.integer("rank"));
+    stall.step = item.integer("step");
+    stall.seconds = item.values.at("seconds");
+    if (!(stall.seconds >= 0) || !std::isfinite(stall.seconds))
+      throw drill_error("--inject-stall", item, "seconds must be a number >= 0", form);
+    all.push_back(stall);
+  }
+  return all;
+}
+
 }  // namespace autoaccum::core

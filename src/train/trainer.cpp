@@ -19,6 +19,7 @@
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/comm/factory.hpp"
 #include "autoaccum/comm/nccl_communicator.hpp"
+#include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/console.hpp"
 #include "autoaccum/core/error.hpp"
@@ -309,6 +310,9 @@ TrainResult Trainer::run() {
   } catch (const CollectiveError& e) {
     state_->finish("failed", e.what());  // every rank threw it; only rank 0 has the log
     throw;
+  } catch (const CollectiveTimeout& e) {
+    state_->finish("failed", e.what());  // rank 0 writes it, if rank 0 is among those waiting
+    throw;
   }
 }
 
@@ -321,7 +325,13 @@ TrainResult Trainer::run_steps() {
       s.total_steps);
   double last_loss = 0;
 
+  comm::Watchdog& dog = comm::watchdog();
   while (s.step < s.total_steps) {
+    dog.set_context(s.watchdog_context());
+    for (const auto& stall : o.inject_stall) {
+      if (stall.rank == s.rank && stall.step == s.step)  // --inject-stall
+        std::this_thread::sleep_for(std::chrono::duration<double>(stall.seconds));
+    }
     // Read the slab.
     const auto step_start = Clock::now();
     const double waited_before = prefetcher.waited_seconds();
@@ -433,6 +443,7 @@ TrainResult Trainer::run_steps() {
   }
 
   if (!s.result.preempted) {
+    dog.set_context(s.watchdog_context());
     s.save_checkpoint();  // first: an evaluation that fails must not cost the trained model
     s.evaluate();
     s.finish("completed");

@@ -39,6 +39,7 @@ void Trainer::State::resume() {
     if (!loaded->warning.empty() && root && !options.quiet)
       std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
     restore(loaded->checkpoint);
+    checkpoint_step = step;
   } else if (root && !options.quiet) {
     std::cout << "no checkpoint at " << options.checkpoint << " yet: starting from step 0"
               << std::endl;
@@ -186,6 +187,7 @@ void Trainer::State::save_checkpoint() {
     c.generator_states = std::move(generators);
     io::write_checkpoint(options.checkpoint, c);
   });
+  checkpoint_step = step;
 }
 
 }  // namespace autoaccum::train

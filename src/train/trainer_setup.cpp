@@ -20,6 +20,7 @@
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/comm/factory.hpp"
 #include "autoaccum/comm/nccl_communicator.hpp"
+#include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/console.hpp"
 #include "autoaccum/core/error.hpp"
@@ -68,6 +69,25 @@ ThreadChoice choose_threads(int requested, int local_ranks) {
           std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
 }
 
+Trainer::State::WatchdogRelease::~WatchdogRelease() {
+  comm::watchdog().set_last_words(nullptr);
+  comm::watchdog().set_context("");
+}
+
+std::string Trainer::State::watchdog_context() const {
+  std::string text = step < total_steps ? "in step " + std::to_string(step + 1) + " of " +
+                                              std::to_string(total_steps)
+                                        : "after the last step (" + std::to_string(step) + ")";
+  if (options.checkpoint.empty())
+    text += "; no --checkpoint was given";
+  else if (checkpoint_step < 0)
+    text += "; no checkpoint written yet (" + options.checkpoint + ")";
+  else
+    text +=
+        "; last checkpoint: " + options.checkpoint + " at step " + std::to_string(checkpoint_step);
+  return text;
+}
+
 void Trainer::State::setup() {
   rank = comm.rank();
   world = comm.size();
@@ -82,6 +102,13 @@ void Trainer::State::setup() {
   thread_source = threads.source;
   at::set_num_threads(threads.count);
   memory::tune_malloc();
+  // From here on every collective has a deadline (comm/watchdog.hpp). The thread's last words
+  // run while this rank's main thread is blocked inside MPI: rank 0 writes the run log's status.
+  comm::Watchdog& dog = comm::watchdog();
+  dog.configure(std::chrono::milliseconds(std::llround(options.collective_timeout_seconds * 1000)),
+                rank);
+  dog.set_context("during setup");
+  dog.set_last_words([this](const std::string& message) { finish("failed", message); });
 
   choose_device();
   take_outputs();  // before anything is written, so a second job on them is refused at once

@@ -106,7 +106,8 @@ struct Trainer::State {
   bool checked_views = false;
   double allreduce_seconds = 0;  // this step's time in the all-reduce (rank's own)
 
-  std::int64_t step = 0;  // optimizer steps completed
+  std::int64_t step = 0;              // optimizer steps completed
+  std::int64_t checkpoint_step = -1;  // the step of the last checkpoint written or resumed from
   std::vector<std::unique_ptr<OutputLock>> locks;
   std::vector<std::string> hostnames;
   std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
@@ -128,6 +129,8 @@ struct Trainer::State {
   void open_observers();
   void announce();
 
+  // Where the run is, for a collective timeout's message: the step and the last checkpoint.
+  std::string watchdog_context() const;
   data::Batch read_rank_rows(std::int64_t global_step) const;
   StepOutcome attempt(const data::Batch& slab, std::int64_t m);
   void after_out_of_memory(const StepOutcome& outcome);
@@ -196,6 +199,14 @@ struct Trainer::State {
     return options.model_file.empty() ? "--model " + model->describe()
                                       : "--model-file '" + options.model_file + "'";
   }
+
+  // Declared last, so destroyed first: takes back the watchdog's last words, which point here.
+  struct WatchdogRelease {
+    WatchdogRelease() = default;
+    WatchdogRelease(const WatchdogRelease&) = delete;
+    WatchdogRelease& operator=(const WatchdogRelease&) = delete;
+    ~WatchdogRelease();
+  } watchdog_release;
 };
 
 }  // namespace autoaccum::train

@@ -34,6 +34,7 @@ TEST(Errors, ExitCodesFollowTheContract) {
   EXPECT_EQ(static_cast<int>(Error("x").exit_code()), 2);
   EXPECT_EQ(static_cast<int>(Error("x", ExitCode::kOutOfMemory).exit_code()), 3);
   EXPECT_EQ(static_cast<int>(Error("x", ExitCode::kPreempted).exit_code()), 4);
+  EXPECT_EQ(static_cast<int>(CollectiveTimeout("x", true).exit_code()), 5);
 }
 
 }  // namespace

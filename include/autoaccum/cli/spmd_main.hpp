@@ -14,6 +14,8 @@ namespace autoaccum::cli {
 //  - body returns: every rank returns that code.
 //  - body throws CollectiveError (every rank threw it together, see comm::collectively): rank 0
 //    prints the message once and every rank returns its exit code after MPI_Finalize.
+//  - body throws CollectiveTimeout (a rank did not reach a collective in time): the rank chosen
+//    to report prints the line and MPI_Abort ends the job with exit code 5.
 //  - any other exception: only this rank knows, and the others may be waiting in a collective,
 //    so the rank prints "rank R: ..." and calls MPI_Abort with the error's exit code, which ends
 //    every rank of the job.

@@ -1,5 +1,6 @@
-// Drill options (--inject-oom, --inject-slow, --inject-overflow): "key=value,key=value" items,
-// several separated by ';'. One parser, so every drill refuses bad input the same way.
+// Drill options (--inject-oom, --inject-slow, --inject-overflow, --inject-stall):
+// "key=value,key=value" items, several separated by ';'. One parser, so every drill refuses bad
+// input the same way.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,15 @@ std::vector<DrillItem> parse_drill(const std::string& option, const std::string&
                                    const std::vector<std::string>& keys,
                                    const std::vector<std::string>& required,
                                    const std::vector<std::string>& whole, const std::string& form);
+
+// --inject-stall rank=R,step=S,seconds=T: rank R stops for T seconds at the start of step S, as
+// if its file system or GPU hung (the collective watchdog's drill).
+struct StallInjection {
+  int rank = 0;
+  std::int64_t step = 0;
+  double seconds = 0;
+};
+std::vector<StallInjection> parse_stall_injections(const std::string& text);
 
 // The same message shape for a value the caller finds out of range.
 UsageError drill_error(const std::string& option, const DrillItem& item, const std::string& why,

@@ -9,10 +9,11 @@ namespace autoaccum {
 // Exit codes are a contract with job scripts (architecture.md, "Exit codes").
 enum class ExitCode : int {
   kOk = 0,
-  kUsage = 1,        // bad command line, config or input data
-  kInternal = 2,     // a bug or an unexpected library failure
-  kOutOfMemory = 3,  // does not fit even at micro-batch 1
-  kPreempted = 4,    // stopped by a signal after writing a checkpoint
+  kUsage = 1,              // bad command line, config or input data
+  kInternal = 2,           // a bug or an unexpected library failure
+  kOutOfMemory = 3,        // does not fit even at micro-batch 1
+  kPreempted = 4,          // stopped by a signal after writing a checkpoint
+  kCollectiveTimeout = 5,  // a collective passed --collective-timeout (a rank or link is gone)
 };
 
 class Error : public std::runtime_error {
@@ -47,6 +48,19 @@ class CommError : public Error {
 class BackendUnavailable : public Error {
  public:
   explicit BackendUnavailable(const std::string& message) : Error(message, ExitCode::kUsage) {}
+};
+
+// A collective that did not complete within the deadline (comm/watchdog.hpp). Some ranks may
+// never come back, so the process ends through MPI_Abort, not MPI_Finalize; `reporter` is true
+// on the one rank (of those that could still talk) that says the line.
+class CollectiveTimeout : public Error {
+ public:
+  CollectiveTimeout(const std::string& message, bool reporter)
+      : Error(message, ExitCode::kCollectiveTimeout), reporter_(reporter) {}
+  bool reporter() const noexcept { return reporter_; }
+
+ private:
+  bool reporter_;
 };
 
 // An error that every rank raised together with the same message, so the ranks can leave

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "autoaccum/core/drill.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/loss_scale.hpp"
 #include "autoaccum/train/precision.hpp"
@@ -68,7 +69,10 @@ struct TrainOptions {
   bool balance = false;
   std::int64_t balance_every = 50;
   std::vector<SlowInjection> inject_slow;
-  std::vector<memory::OomInjection> inject_oom;  // --inject-oom drills
+  std::vector<memory::OomInjection> inject_oom;    // --inject-oom drills
+  std::vector<core::StallInjection> inject_stall;  // --inject-stall drills (the watchdog)
+  // --collective-timeout: the deadline of every collective (comm/watchdog.hpp); 0: none.
+  double collective_timeout_seconds = 600;
 
   std::string run_log;
   std::string checkpoint;

@@ -1,0 +1,131 @@
+"""--collective-timeout: a rank that never reaches a collective (a hung file system or GPU,
+simulated by --inject-stall or the fault probe's stall) ends the job with exit code 5 and one
+line naming the rank and its host, the step and the last checkpoint; the run log says why; the
+checkpoint is intact and a resumed run ends where an uninterrupted one does (bit for bit), and
+that one equals PyTorch's computation of the same steps."""
+import re
+import socket
+
+import h5py
+import numpy as np
+
+import user_models as um
+from harness import FAULT_PROBE, TempDirTest, autoaccum, mpirun, text
+
+HOST = socket.gethostname()
+
+
+def timeout_lines(result):
+    return [l for l in result.stderr.splitlines() if "collective timeout" in l]
+
+
+class ProbeStall(TempDirTest):
+    """The communicator alone (tests/mpi/fault_probe.cpp): one rank sleeps before a barrier."""
+
+    def test_the_waiting_ranks_name_the_missing_one_once_and_exit_with_code_5(self):
+        r = mpirun(3, FAULT_PROBE, "stall", 1, 60, 3, timeout=60)
+        self.assertEqual(r.returncode, 5, r)
+        self.assertEqual(timeout_lines(r), [
+            f"autoaccum: error: collective timeout: rank 1 on {HOST} did not reach MPI_Barrier "
+            "within 3 s (--collective-timeout; ranks 0, 2 waited) in the probe's stall"], r)
+        # 3 s, a grace of 1 s, then MPI_Abort; well before the stalled rank's 60 s.
+        self.assertLess(r.seconds, 25, r)
+
+    def test_when_rank_0_is_missing_the_next_rank_reports(self):
+        r = mpirun(3, FAULT_PROBE, "stall", 0, 60, 3, timeout=60)
+        self.assertEqual(r.returncode, 5, r)
+        self.assertEqual(timeout_lines(r), [
+            f"autoaccum: error: collective timeout: rank 0 on {HOST} did not reach MPI_Barrier "
+            "within 3 s (--collective-timeout; ranks 1, 2 waited) in the probe's stall"], r)
+        self.assertLess(r.seconds, 25, r)
+
+    def test_a_wait_shorter_than_the_timeout_is_not_a_failure(self):
+        r = mpirun(3, FAULT_PROBE, "stall", 2, 1.5, 5, timeout=60)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertEqual(r.stdout.count("all ranks finished"), 1, r)
+        self.assertEqual(timeout_lines(r), [], r)
+
+    def test_a_collective_that_stalls_after_every_rank_arrived_is_caught_by_the_thread(self):
+        # With the arrival half switched off the waiting ranks sit inside the blocking barrier,
+        # as they would when a link fails mid-collective: the watchdog thread ends them.
+        r = mpirun(3, FAULT_PROBE, "stall", 1, 60, 3, timeout=60,
+                   env={"AUTOACCUM_WATCHDOG_SKIP_ARRIVAL": "1"})
+        self.assertEqual(r.returncode, 5, r)
+        lines = timeout_lines(r)
+        self.assertTrue(lines, r)
+        for line in lines:
+            self.assertRegex(line, r"^autoaccum: rank [02]: error: collective timeout: every rank "
+                                   r"reached MPI_Barrier, but it did not complete within 3 s")
+        self.assertLess(r.seconds, 25, r)
+
+
+class TrainerStall(TempDirTest):
+    prefix = "autoaccum-watchdog-"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.x, cls.y = um.classification_data(384, (1, 8, 8), 4, seed=3)
+        cls.data = um.write_data(cls.path("images.h5"), cls.x, cls.y, classes=4)
+        cls.model = um.save_scripted(um.SmallConv(), cls.path("small_conv.pt"))
+
+    def train(self, name, *args, timeout=90):
+        return autoaccum(3, "train", "--data", self.data, "--model-file", self.model,
+                         "--threads", 1, "--shuffle", "none", "--lr", 0.1, "--momentum", 0.9,
+                         "--global-batch", 48, "--steps", 8, "--micro-batch", 8,
+                         "--checkpoint", self.path(f"{name}.ckpt.h5"), "--checkpoint-every", 2,
+                         "--run-log", self.path(f"{name}.log.h5"), *args, timeout=timeout)
+
+    def test_a_stalled_rank_ends_the_job_and_the_requeued_job_finishes_the_same_run(self):
+        stalled = self.train("stalled", "--collective-timeout", 4,
+                             "--inject-stall", "rank=1,step=3,seconds=120")
+        self.assertEqual(stalled.returncode, 5, stalled)
+        self.assertLess(stalled.seconds, 40, stalled)
+        checkpoint = self.path("stalled.ckpt.h5")
+        expected = (f"collective timeout: rank 1 on {HOST} did not reach MPI_Allreduce(float, sum) "
+                    f"within 4 s (--collective-timeout; ranks 0, 2 waited) in step 4 of 8; "
+                    f"last checkpoint: {checkpoint} at step 2")
+        self.assertEqual(timeout_lines(stalled), ["autoaccum: error: " + expected], stalled)
+
+        # The run log says why; the checkpoint is the one of step 2, readable.
+        with h5py.File(self.path("stalled.log.h5"), "r") as log:
+            self.assertEqual(text(log.attrs["status"]), "failed")
+            self.assertEqual(text(log.attrs["error"]), expected)
+            self.assertEqual(len(log["steps/step"]), 3)
+        with h5py.File(checkpoint, "r") as c:
+            self.assertEqual(int(c.attrs["step"]), 2)
+
+        # Requeued: resumes from step 2 and ends where an uninterrupted run ends, bit for bit.
+        resumed = self.train("stalled", "--resume")
+        self.assertEqual(resumed.returncode, 0, resumed)
+        self.assertIn("resum", resumed.stdout.lower())
+        whole = self.train("whole", "--collective-timeout", 0)
+        self.assertEqual(whole.returncode, 0, whole)
+        got, _ = um.checkpoint_tensors(checkpoint)
+        want, _ = um.checkpoint_tensors(self.path("whole.ckpt.h5"))
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+        # And the uninterrupted run is PyTorch's computation of the same 8 steps.
+        reference = um.reference_steps(self.model, self.x, self.y, world=3, micro_batch=8,
+                                       global_batch=48, steps=8, lr=0.1, momentum=0.9)
+        um.assert_close_to_model(self, self.path("whole.ckpt.h5"), reference)
+
+    def test_bad_values_get_one_line(self):
+        for args, fragment in [
+            (("--collective-timeout", -1), "--collective-timeout: must be a number of seconds"),
+            (("--collective-timeout", 0.2), "--collective-timeout: less than 1 s"),
+            (("--inject-stall", "rank=1,step=2"), "--inject-stall: 'rank=1,step=2'"),
+            (("--inject-stall", "rank=1,step=2,seconds=-3"), "seconds must be a number >= 0"),
+        ]:
+            r = self.train("bad", *args, timeout=60)
+            self.assertEqual(r.returncode, 1, r)
+            lines = um.error_lines(r)
+            self.assertEqual(len(lines), 1, r)
+            self.assertIn(fragment, lines[0])
+            self.assertTrue(re.match(r"^autoaccum: error: ", lines[0]), lines[0])
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
