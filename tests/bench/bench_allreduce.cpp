@@ -1,6 +1,8 @@
 // The gradient collective against a raw MPI_Allreduce loop over the same bytes: autoaccum's
 // MpiCommunicator::allreduce_sum (what the trainer calls once per attempt) and MPI_Allreduce on
-// MPI_COMM_WORLD, interleaved, medians.
+// MPI_COMM_WORLD, interleaved, medians. A third column times the same call under the collective
+// watchdog (--collective-timeout: an arrival barrier polled against the deadline, and the
+// watchdog thread armed around the blocking all-reduce); "ours" runs with the watchdog off.
 //   mpirun -np 2 build/tests/bench/bench_allreduce [floats] [repetitions]
 // Prints one JSON object on rank 0.
 #include <mpi.h>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/comm/watchdog.hpp"
 
 #include "bench_timing.hpp"
 
@@ -27,10 +30,13 @@ int main(int argc, char** argv) {
   const long n = argc > 1 ? std::atol(argv[1]) : 669706 + 2L * size + 2;
   const int repetitions = argc > 2 ? std::atoi(argv[2]) : 200;
   std::vector<float> a(static_cast<std::size_t>(n), 1.0f), b(a);
-  std::vector<double> raw, ours;
+  std::vector<double> raw, ours, watched;
+  std::vector<float> c(a);
   {
     autoaccum::comm::MpiCommunicator comm;
+    autoaccum::comm::Watchdog& dog = autoaccum::comm::watchdog();
     for (int r = 0; r < repetitions + 5; ++r) {
+      dog.configure(std::chrono::milliseconds(0), rank);
       MPI_Barrier(MPI_COMM_WORLD);
       double t = now();
       MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
@@ -40,21 +46,30 @@ int main(int argc, char** argv) {
       t = now();
       comm.allreduce_sum(b.data(), static_cast<std::size_t>(n));
       const double ours_s = now() - t;
+      dog.configure(std::chrono::minutes(10), rank);  // the default --collective-timeout
+      MPI_Barrier(MPI_COMM_WORLD);
+      t = now();
+      comm.allreduce_sum(c.data(), static_cast<std::size_t>(n));
+      const double watched_s = now() - t;
       if (r >= 5) {  // warm-up
         raw.push_back(raw_s);
         ours.push_back(ours_s);
+        watched.push_back(watched_s);
       }
       std::fill(a.begin(), a.end(), 1.0f);  // keep the values small; same work each time
       std::fill(b.begin(), b.end(), 1.0f);
+      std::fill(c.begin(), c.end(), 1.0f);
     }
   }
   if (rank == 0) {
     const double bytes = static_cast<double>(n) * sizeof(float);
     std::printf(
         "{\"ranks\": %d, \"floats\": %ld, \"repetitions\": %d, \"raw_us\": %.1f, \"ours_us\": "
-        "%.1f, \"raw_gbps\": %.3f, \"ours_gbps\": %.3f, \"ratio\": %.3f}\n",
-        size, n, repetitions, median(raw) * 1e6, median(ours) * 1e6, bytes / median(raw) / 1e9,
-        bytes / median(ours) / 1e9, median(raw) / median(ours));
+        "%.1f, \"watched_us\": %.1f, \"raw_gbps\": %.3f, \"ours_gbps\": %.3f, \"ratio\": %.3f, "
+        "\"watchdog_ratio\": %.3f}\n",
+        size, n, repetitions, median(raw) * 1e6, median(ours) * 1e6, median(watched) * 1e6,
+        bytes / median(raw) / 1e9, bytes / median(ours) / 1e9, median(raw) / median(ours),
+        median(ours) / median(watched));
   }
   MPI_Finalize();
   return 0;
