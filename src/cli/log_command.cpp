@@ -75,7 +75,9 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const std::string status = log.attribute("status", "unknown");
   out << log.path << ": " << status << "\n";
   if (status == "failed") out << "  error: " << log.attribute("error") << "\n";
-  out << "  " << log.attribute("world_size") << " rank(s), global batch "
+  const std::string nodes = log.attribute("nodes");
+  out << "  " << log.attribute("world_size") << " rank(s)"
+      << (nodes.empty() ? std::string() : " on " + nodes + " node(s)") << ", global batch "
       << log.attribute("global_batch") << ", micro-batch " << log.attribute("micro_batch_mode")
       << ", memory limit " << log.attribute("memory_limit", "none") << ", precision "
       << log.attribute("precision", "fp32") << "\n";

@@ -1,6 +1,8 @@
 // The collective watchdog: the deadline, its thread, and the line a timeout prints.
 #include "autoaccum/comm/watchdog.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -170,9 +172,17 @@ void Watchdog::fire(const char* what) {
     } catch (...) {
     }
   }
-  // The main thread is stuck inside MPI and cannot leave through MPI_Abort; a process that ends
-  // without MPI_Finalize makes the launcher (mpirun, srun) end the others.
-  std::_Exit(static_cast<int>(ExitCode::kCollectiveTimeout));
+  // The main thread is stuck inside MPI. MPI_Abort from this thread is outside what
+  // MPI_THREAD_FUNNELED promises, but it is the one call that makes the launcher end the whole
+  // job even when a node cannot be reached (srun otherwise waits until Slurm declares that node
+  // dead, minutes later); Open MPI's goes through PMIx, which has its own thread. If it returns,
+  // a process that ends without MPI_Finalize still makes mpirun end the others.
+  const int code = static_cast<int>(ExitCode::kCollectiveTimeout);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 Watchdog& watchdog() {

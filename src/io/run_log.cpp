@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <map>
+#include <string>
 #include <variant>
 
 #include "autoaccum/core/atomic_write.hpp"
@@ -271,16 +273,23 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
     write_group(file, "eval", eval_fields(), evals_);
     write_group(file, "resumes", resume_fields(), resumes_);
     write_group(file, "rank_sizes", rank_size_fields(), rank_sizes_);
-    std::vector<std::int64_t> ranks;
-    for (std::size_t r = 0; r < hostnames_.size(); ++r)
+    // A rank's node-local rank is its place among the ranks on its host, as MPI's
+    // MPI_COMM_TYPE_SHARED split numbers them (by world rank).
+    std::vector<std::int64_t> ranks, local_ranks;
+    std::map<std::string, std::int64_t> on_host;
+    for (std::size_t r = 0; r < hostnames_.size(); ++r) {
       ranks.push_back(static_cast<std::int64_t>(r));
+      local_ranks.push_back(on_host[hostnames_[r]]++);
+    }
     std::vector<std::int64_t> peaks = peak_bytes_;
     peaks.resize(hostnames_.size(), 0);
     write_column(file, "ranks/rank", ranks);
+    write_column(file, "ranks/local_rank", local_ranks);
     write_column(file, "ranks/peak_bytes", peaks);
     file.write_strings("ranks/hostname", hostnames_);
     for (const auto& [name, value] : attributes_)
       file.write_attribute(name, value);
+    file.write_attribute("nodes", static_cast<std::int64_t>(on_host.size()));
     const std::vector<char> image = file.close_to_image();
     write_file(temporary, image.data(), image.size());
   });

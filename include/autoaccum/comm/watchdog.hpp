@@ -8,7 +8,7 @@
 //  - the collective itself, blocking (MPI's fastest algorithms; a non-blocking all-reduce is up
 //    to 2x slower here), under this watchdog's thread: every rank arrived, so only a link or a
 //    rank failing inside the collective can stall it; past the deadline the thread prints one
-//    line, runs the last words (the run log) and ends the process with exit code 5.
+//    line, runs the last words (the run log) and ends the job through MPI_Abort with exit code 5.
 #pragma once
 
 #include <atomic>

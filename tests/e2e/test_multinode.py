@@ -1,0 +1,267 @@
+"""autoaccum across nodes, on a two-node Slurm cluster simulated on this machine
+(jobs/ci/slurm-up.sh --nodes 2: one network, UTS and mount namespace per node, linked through a
+bridge). The multi-node job script runs unchanged and equals a single-node run; node-local
+ranks are right in the banner and the run log; a job whose node's processes are killed ends
+within 30 s and a requeued job resumes exactly; a job whose node's link is cut ends within the
+collective timeout plus 30 s with one line naming the missing rank, and the run log says so;
+a preempted job checkpoints, is requeued and resumes across nodes bit for bit."""
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import h5py
+import numpy as np
+
+from harness import BIN, autoaccum, text
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MULTI = os.path.join(ROOT, "jobs", "slurm", "multi-node.sbatch")
+CONFIG = os.path.join(ROOT, "jobs", "configs", "ci-small.ini")
+HAVE = all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "munged", "ip", "nsenter"))
+
+
+def params(checkpoint):
+    with h5py.File(checkpoint, "r") as f:
+        return {n: f[f"params/{n}"][()] for n in f["params"]}, int(f.attrs["step"])
+
+
+@unittest.skipUnless(HAVE and os.geteuid() == 0,
+                     "needs root, Slurm and iproute2 (jobs/setup.sh installs them)")
+class TwoNodes(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        probe = subprocess.run(["ip", "netns", "add", "aa-probe"], capture_output=True, text=True)
+        subprocess.run(["ip", "netns", "del", "aa-probe"], capture_output=True)
+        if probe.returncode != 0:
+            raise unittest.SkipTest("cannot make network namespaces here: " + probe.stderr.strip())
+        cls.dir = tempfile.mkdtemp(prefix="autoaccum-nodes-")
+        os.chmod(cls.dir, 0o755)
+        cls.state = os.path.join(cls.dir, "cluster")
+        start = time.monotonic()
+        up = subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes", "2",
+                             cls.state], capture_output=True, text=True, timeout=60)
+        if up.returncode != 0:
+            raise RuntimeError("slurm-up --nodes 2 failed:\n" + up.stdout + up.stderr)
+        cls.startup_seconds = time.monotonic() - start
+        cls.runs = os.path.join(cls.dir, "runs")
+        os.makedirs(cls.runs)
+        # Jobs (sbatch) run inside node1; srun from this (the root) namespace needs the bridge's
+        # address to be called back on.
+        cls.env = dict(os.environ, SLURM_CONF=os.path.join(cls.state, "slurm.conf"),
+                       AUTOACCUM_BIN=BIN, AUTOACCUM_CONFIG=CONFIG, AUTOACCUM_RUNS=cls.runs,
+                       AUTOACCUM_HOME=ROOT)
+        cls.srun_env = dict(cls.env, SLURM_SRUN_COMM_IFHN="10.99.0.1")
+        cls.data = os.path.join(cls.dir, "synth.h5")
+        r = autoaccum(1, "synth", "--out", cls.data, "--rows", 2000, "--features", 20,
+                      "--classes", 4, "--seed", 1)
+        assert r.returncode == 0, r
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-down.sh"), cls.state], timeout=60)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def slurm(self, *command, timeout=60):
+        return subprocess.run(list(map(str, command)), capture_output=True, text=True,
+                              timeout=timeout, env=self.env, cwd=self.dir)
+
+    def wait_idle(self, seconds=60):
+        """Both nodes back in service (after a test that cut or killed one)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            states = self.slurm("sinfo", "-h", "-N", "-o", "%t").stdout.split()
+            if states == ["idle", "idle"]:
+                return
+            for state, node in zip(states, ("node1", "node2")):
+                if "drain" in state or "down" in state:
+                    self.slurm("scontrol", "update", f"NodeName={node}", "State=RESUME")
+            time.sleep(0.5)
+        self.fail(f"nodes not idle: {states}")
+
+    def job_state(self, job):
+        fields = dict(item.split("=", 1) for item in
+                      self.slurm("scontrol", "show", "job", "-o", job).stdout.split() if "=" in item)
+        return fields.get("JobState"), int(fields.get("Restarts", 0)), fields.get("ExitCode")
+
+    def srun_train(self, name, *args, ranks_per_node=1):
+        """srun from the root namespace over both nodes, in the background."""
+        command = ["srun", "-N2", f"--ntasks-per-node={ranks_per_node}", "--mpi=pmix", BIN,
+                   "train", "--data", self.data, "--model", "mlp", "--global-batch", 96,
+                   "--threads", 1, "--shuffle", "none", "--log-every", 0,
+                   "--run-log", f"{self.runs}/{name}.h5",
+                   "--checkpoint", f"{self.runs}/{name}.ckpt.h5", *args]
+        return subprocess.Popen(list(map(str, command)), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=self.srun_env,
+                                cwd=self.dir)
+
+    def wait_for_checkpoint(self, name, process, seconds=60):
+        path = f"{self.runs}/{name}.ckpt.h5"
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and process.poll() is None:
+            if os.path.exists(path):
+                return
+            time.sleep(0.2)
+        process.kill()
+        self.fail("no checkpoint appeared: " + process.communicate()[0])
+
+    def test_the_job_script_runs_unchanged_on_two_nodes_and_equals_a_single_node_run(self):
+        self.wait_idle()
+        r = self.slurm("sbatch", "--wait", "--parsable", "-N2", "--ntasks-per-node=2",
+                       "--cpus-per-task=1", "--output", f"{self.runs}/slurm-%j.out", MULTI,
+                       "--data", self.data, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        job = r.stdout.strip().split(";")[0]
+        with open(f"{self.runs}/slurm-{job}.out") as out:
+            output = out.read()
+        self.assertIn("on 2 node(s), 4 task(s)", output)
+        self.assertIn("autoaccum: 4 rank(s) on 2 node(s)", output)
+        with h5py.File(f"{self.runs}/{job}.h5", "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "completed")
+            self.assertEqual(int(f.attrs["nodes"]), 2)
+            self.assertEqual([text(h) for h in f["ranks/hostname"][:]],
+                             ["node1", "node1", "node2", "node2"])
+            np.testing.assert_array_equal(f["ranks/local_rank"][:], [0, 1, 0, 1])
+        # The same job on one node (mpirun, 4 ranks): equal to summation order.
+        reference = os.path.join(self.dir, "single-node.ckpt.h5")
+        r = autoaccum(4, "train", "--config", CONFIG, "--data", self.data,
+                      "--checkpoint", reference, "--log-every", 0, timeout=180)
+        self.assertEqual(r.returncode, 0, r)
+        got, got_step = params(f"{self.runs}/{job}.ckpt.h5")
+        want, want_step = params(reference)
+        self.assertEqual(got_step, want_step)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7,
+                                       err_msg=name)
+
+    def test_a_cut_link_ends_the_job_within_the_timeout_and_the_run_log_says_why(self):
+        self.wait_idle()
+        timeout = 8
+        job = self.srun_train("cut", "--steps", 100000, "--checkpoint-every", 50,
+                              "--collective-timeout", timeout)
+        self.wait_for_checkpoint("cut", job)
+        time.sleep(0.5)
+        cut = time.monotonic()
+        subprocess.run(["ip", "link", "set", "aa-v2", "down"], check=True)
+        try:
+            output = job.communicate(timeout=timeout + 60)[0]
+            ended = time.monotonic() - cut
+        finally:
+            subprocess.run(["ip", "link", "set", "aa-v2", "up"], check=True)
+        self.assertEqual(job.returncode, 5, output)
+        self.assertLess(ended, timeout + 30, output)
+        lines = [l for l in output.splitlines() if "collective timeout" in l]
+        self.assertEqual(len(lines), 1, output)
+        # Rank 0 either waited for rank 1 to arrive, or (the link went down inside the
+        # all-reduce) saw the all-reduce itself stall.
+        self.assertRegex(lines[0], r"collective timeout: (rank 1 on node2 did not reach "
+                                   r"MPI_Allreduce\(float, sum\) within 8 s|every rank reached "
+                                   r"MPI_Allreduce\(float, sum\), but it did not complete within "
+                                   r"8 s)")
+        last = int(re.search(r"last checkpoint: \S+ at step (\d+)", lines[0]).group(1))
+        with h5py.File(f"{self.runs}/cut.h5", "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "failed")
+            self.assertIn("collective timeout", text(f.attrs["error"]))
+        _, step = params(f"{self.runs}/cut.ckpt.h5")
+        self.assertEqual(step, last)
+        self.assertEqual(step % 50, 0)
+
+    def test_a_node_whose_processes_are_killed_ends_the_job_and_a_requeued_job_resumes(self):
+        self.wait_idle()
+        # srun does not end a step whose tasks on one node were killed (and --kill-on-bad-exit
+        # would turn a requeue's exit code 4 into 143): the ranks on node1 stay in the
+        # all-reduce, and the watchdog ends them.
+        args = ["--steps", 600, "--checkpoint-every", 50, "--collective-timeout", 10]
+        job = self.srun_train("killed", *args, ranks_per_node=2)
+        self.wait_for_checkpoint("killed", job)
+        time.sleep(0.5)
+        pids = subprocess.run(["ip", "netns", "pids", "aa-node2"], capture_output=True,
+                              text=True).stdout.split()
+        ranks = [p for p in pids if open(f"/proc/{p}/comm").read().strip() == "autoaccum"]
+        self.assertEqual(len(ranks), 2, pids)
+        killed = time.monotonic()
+        for pid in ranks:
+            os.kill(int(pid), signal.SIGKILL)
+        output = job.communicate(timeout=90)[0]
+        self.assertEqual(job.returncode, 5, output)
+        self.assertLess(time.monotonic() - killed, 30, output)
+        self.assertRegex(output, r"collective timeout: (ranks 2, 3 on node2 did not reach|every "
+                                 r"rank reached)")
+        with h5py.File(f"{self.runs}/killed.h5", "r") as f:  # the run log opens
+            logged = len(f["steps/step"])
+        _, step = params(f"{self.runs}/killed.ckpt.h5")  # and the checkpoint is whole
+        self.assertGreater(step, 0)
+        self.assertGreaterEqual(logged, step)
+
+        # Requeued: resumes from the checkpoint and ends where an uninterrupted run ends.
+        self.wait_idle()
+        resumed = self.srun_train("killed", *args, "--resume", ranks_per_node=2)
+        output = resumed.communicate(timeout=240)[0]
+        self.assertEqual(resumed.returncode, 0, output)
+        self.assertIn(f"resumed at step {step}", output)
+        whole = self.srun_train("whole", *args, ranks_per_node=2)
+        output = whole.communicate(timeout=240)[0]
+        self.assertEqual(whole.returncode, 0, output)
+        got, _ = params(f"{self.runs}/killed.ckpt.h5")
+        want, _ = params(f"{self.runs}/whole.ckpt.h5")
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+    def test_a_preempted_job_is_requeued_and_resumes_across_nodes_bit_for_bit(self):
+        self.wait_idle()
+        steps = "3000"
+        r = self.slurm("sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
+                       "--output", f"{self.runs}/slurm-%j.out", MULTI, "--data", self.data,
+                       "--steps", steps, "--log-every", "1000")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip().split(";")[0]
+        log, checkpoint = f"{self.runs}/{job}.h5", f"{self.runs}/{job}.ckpt.h5"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with h5py.File(log, "r") as f:
+                    if len(f["steps/step"]) >= 100:
+                        break
+            except (OSError, KeyError):
+                pass
+            time.sleep(0.3)
+        self.assertEqual(self.slurm("scancel", "--signal=USR1", job).returncode, 0)
+        deadline = time.monotonic() + 240
+        released = False
+        while time.monotonic() < deadline:
+            state, restarts, exit_code = self.job_state(job)
+            if state == "PENDING" and restarts >= 1 and not released:
+                self.slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+                released = True
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                break
+            time.sleep(1)
+        output = "".join(open(p).read() for p in glob.glob(f"{self.runs}/slurm-{job}.out"))
+        with open(os.path.join(self.state, "log", "slurmctld.log")) as ctld:
+            said = [l for l in ctld if f"JobId={job} " in l or f"JobId={job}\n" in l]
+        self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"),
+                         output + "\n--- slurmctld:\n" + "".join(said[-20:]))
+        self.assertIn("requeueing job", output)
+        stopped = int(re.search(r"stopped by a signal at step (\d+)", output).group(1))
+        self.assertIn(f"resumed at step {stopped}", output)
+        # The same job, uninterrupted, on the same two nodes.
+        r = self.slurm("sbatch", "--wait", "--parsable", "-N2", "--ntasks-per-node=1",
+                       "--cpus-per-task=1", "--output", f"{self.runs}/slurm-%j.out", MULTI,
+                       "--data", self.data, "--steps", steps, "--log-every", "1000",
+                       timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        whole = r.stdout.strip().split(";")[0]
+        got, got_step = params(checkpoint)
+        want, _ = params(f"{self.runs}/{whole}.ckpt.h5")
+        self.assertEqual(got_step, int(steps))
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+if __name__ == "__main__":
+    unittest.main()
