@@ -104,9 +104,11 @@ class TwoNodes(unittest.TestCase):
                    "--threads", 1, "--shuffle", "none", "--log-every", 0,
                    "--run-log", f"{self.runs}/{name}.h5",
                    "--checkpoint", f"{self.runs}/{name}.ckpt.h5", *args]
-        return subprocess.Popen(list(map(str, command)), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=self.srun_env,
-                                cwd=self.dir)
+        process = subprocess.Popen(list(map(str, command)), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=self.srun_env,
+                                   cwd=self.dir)
+        self.addCleanup(process.kill)  # a failed wait must not leave srun behind
+        return process
 
     def wait_for_checkpoint(self, name, process, seconds=60):
         path = f"{self.runs}/{name}.ckpt.h5"
