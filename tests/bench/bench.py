@@ -600,6 +600,7 @@ def two_node_allreduce(work, reps):
     bridge, jobs/ci/slurm-up.sh --nodes 2), one rank each, through srun: autoaccum's (with and
     without the watchdog) against a raw MPI_Allreduce of the same bytes. None where the cluster
     cannot be started (not root, no Slurm)."""
+    os.chmod(work, 0o755)  # munged (user munge) reaches its socket through it
     state = os.path.join(work, "cluster")
     up = run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes", 2, state], check=False)
     if up.returncode != 0:
