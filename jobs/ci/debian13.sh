@@ -61,6 +61,9 @@ cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 cp /etc/hosts "$root/etc/hosts"  # the machine's own name resolves inside too (Slurm, MPI)
 
 # 2. Mounts: kernel file systems, the checkout, the root's own build folder over the checkout's.
+# The root a mount point of its own, as / is on a real system: `ip -n`, `unshare --mount` (the
+# many-node Slurm cluster of the tests) change the propagation of / and fail on a plain folder.
+mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"

@@ -57,12 +57,21 @@ SlurmdLogFile=$dir/log/slurmd.log"
 else
   # The namespaces and links, recorded first so that slurm-down.sh removes what exists.
   echo "$nodes" > "$dir/nodes"
+  # Leftovers of a cluster whose state folder is gone (the names are fixed).
+  for i in 1 2 3 4; do
+    ip link del "aa-v$i" 2>/dev/null || true
+    ip netns del "aa-node$i" 2>/dev/null || true
+  done
+  ip link del aa-br0 2>/dev/null || true
   controller="${host}(10.99.0.1)"
   # KillWait: how long srun waits for a step's tasks on a node it cannot reach before giving up
-  # (default 30 s); a short one keeps the tests that cut a node's link short.
+  # (default 30 s); SlurmdTimeout: how long a silent node stays up (default 300 s: a step whose
+  # tasks there never report, as after a cut link, ends only then). Short ones keep the tests
+  # that cut a node's link short.
   ports="SlurmctldPort=16827
 SlurmdPort=16828
-KillWait=10"
+KillWait=10
+SlurmdTimeout=10"
   ip link add aa-br0 type bridge
   ip addr add 10.99.0.1/24 dev aa-br0
   ip link set aa-br0 up

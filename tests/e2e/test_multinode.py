@@ -110,6 +110,15 @@ class TwoNodes(unittest.TestCase):
         self.addCleanup(process.kill)  # a failed wait must not leave srun behind
         return process
 
+    def finish(self, process, seconds):
+        """The process's output once it ends; past `seconds` it is killed and the test fails
+        with what it printed."""
+        try:
+            return process.communicate(timeout=seconds)[0]
+        except subprocess.TimeoutExpired:
+            process.kill()
+            self.fail(f"still running after {seconds} s:\n" + process.communicate()[0])
+
     def wait_for_checkpoint(self, name, process, seconds=60):
         path = f"{self.runs}/{name}.ckpt.h5"
         deadline = time.monotonic() + seconds
@@ -158,7 +167,7 @@ class TwoNodes(unittest.TestCase):
         cut = time.monotonic()
         subprocess.run(["ip", "link", "set", "aa-v2", "down"], check=True)
         try:
-            output = job.communicate(timeout=timeout + 60)[0]
+            output = self.finish(job, timeout + 60)
             ended = time.monotonic() - cut
         finally:
             subprocess.run(["ip", "link", "set", "aa-v2", "up"], check=True)
@@ -183,9 +192,9 @@ class TwoNodes(unittest.TestCase):
     def test_a_node_whose_processes_are_killed_ends_the_job_and_a_requeued_job_resumes(self):
         self.wait_idle()
         # srun does not end a step whose tasks on one node were killed (and --kill-on-bad-exit
-        # would turn a requeue's exit code 4 into 143): the ranks on node1 stay in the
-        # all-reduce, and the watchdog ends them.
-        args = ["--steps", 600, "--checkpoint-every", 50, "--collective-timeout", 10]
+        # would turn a requeue's exit code 4 into 143); where MPI does not notice either, the
+        # ranks on node1 stay in the all-reduce and the watchdog ends them.
+        args = ["--steps", 300, "--checkpoint-every", 50, "--collective-timeout", 10]
         job = self.srun_train("killed", *args, ranks_per_node=2)
         self.wait_for_checkpoint("killed", job)
         time.sleep(0.5)
@@ -196,11 +205,14 @@ class TwoNodes(unittest.TestCase):
         killed = time.monotonic()
         for pid in ranks:
             os.kill(int(pid), signal.SIGKILL)
-        output = job.communicate(timeout=90)[0]
-        self.assertEqual(job.returncode, 5, output)
+        output = self.finish(job, 90)
+        self.assertNotEqual(job.returncode, 0, output)
         self.assertLess(time.monotonic() - killed, 30, output)
-        self.assertRegex(output, r"collective timeout: (ranks 2, 3 on node2 did not reach|every "
-                                 r"rank reached)")
+        # Open MPI 5 sees the peers' connections close and ends the ranks itself (exit 14);
+        # Open MPI 4.1 leaves them in the collective, and the watchdog ends them (exit 5).
+        if job.returncode == 5:
+            self.assertRegex(output, r"collective timeout: (ranks 2, 3 on node2 did not reach|"
+                                     r"every rank reached)")
         with h5py.File(f"{self.runs}/killed.h5", "r") as f:  # the run log opens
             logged = len(f["steps/step"])
         _, step = params(f"{self.runs}/killed.ckpt.h5")  # and the checkpoint is whole
@@ -210,11 +222,11 @@ class TwoNodes(unittest.TestCase):
         # Requeued: resumes from the checkpoint and ends where an uninterrupted run ends.
         self.wait_idle()
         resumed = self.srun_train("killed", *args, "--resume", ranks_per_node=2)
-        output = resumed.communicate(timeout=240)[0]
+        output = self.finish(resumed, 240)
         self.assertEqual(resumed.returncode, 0, output)
         self.assertIn(f"resumed at step {step}", output)
         whole = self.srun_train("whole", *args, ranks_per_node=2)
-        output = whole.communicate(timeout=240)[0]
+        output = self.finish(whole, 240)
         self.assertEqual(whole.returncode, 0, output)
         got, _ = params(f"{self.runs}/killed.ckpt.h5")
         want, _ = params(f"{self.runs}/whole.ckpt.h5")
@@ -223,7 +235,7 @@ class TwoNodes(unittest.TestCase):
 
     def test_a_preempted_job_is_requeued_and_resumes_across_nodes_bit_for_bit(self):
         self.wait_idle()
-        steps = "3000"
+        steps = "12000"  # long enough to be signalled mid-run
         r = self.slurm("sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
                        "--output", f"{self.runs}/slurm-%j.out", MULTI, "--data", self.data,
                        "--steps", steps, "--log-every", "1000")
