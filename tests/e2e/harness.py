@@ -82,3 +82,40 @@ class TempDirTest(unittest.TestCase):
     @classmethod
     def path(cls, name):
         return os.path.join(cls.dir, name)
+
+
+def slurm_job_state(slurm, job):
+    """(JobState, Restarts, ExitCode) of a Slurm job; `slurm(*command)` runs a client command."""
+    fields = dict(item.split("=", 1) for item in
+                  slurm("scontrol", "show", "job", "-o", job).stdout.split() if "=" in item)
+    return fields.get("JobState"), int(fields.get("Restarts", 0)), fields.get("ExitCode")
+
+
+def preempt_and_requeue(slurm, job, log, min_steps=100, seconds=240):
+    """Waits until `job` has logged `min_steps` steps in run log `log`, signals it as a
+    preemption would (scancel --signal=USR1: the job script checkpoints and requeues), lets the
+    requeued job start at once (Slurm would hold it about two minutes), and waits until it
+    ends. Returns slurm_job_state's triple."""
+    import h5py  # only the Slurm tests need it here
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with h5py.File(log, "r") as f:
+                if len(f["steps/step"]) >= min_steps:
+                    break
+        except (OSError, KeyError):
+            pass
+        time.sleep(0.3)
+    if slurm("scancel", "--signal=USR1", job).returncode != 0:
+        raise RuntimeError(f"scancel --signal=USR1 {job} failed")
+    deadline = time.monotonic() + seconds
+    released = False
+    while time.monotonic() < deadline:
+        state, restarts, exit_code = slurm_job_state(slurm, job)
+        if state == "PENDING" and restarts >= 1 and not released:
+            slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+            released = True
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(1)
+    return state, restarts, exit_code

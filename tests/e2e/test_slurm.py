@@ -7,13 +7,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import unittest
 
 import h5py
 import numpy as np
 
-from harness import BIN, autoaccum
+from harness import BIN, autoaccum, preempt_and_requeue
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SBATCH = os.path.join(ROOT, "jobs", "slurm", "train.sbatch")
@@ -53,11 +52,6 @@ class Slurm(unittest.TestCase):
     def slurm(self, *command, timeout=60):
         return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout,
                               env=self.env, cwd=self.dir)
-
-    def job_state(self, job):
-        fields = dict(item.split("=", 1) for item in
-                      self.slurm("scontrol", "show", "job", "-o", job).stdout.split() if "=" in item)
-        return fields.get("JobState"), int(fields.get("Restarts", 0)), fields.get("ExitCode")
 
     def test_small_job_completes(self):
         r = self.slurm("sbatch", "--wait", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
@@ -124,29 +118,7 @@ class Slurm(unittest.TestCase):
         job = r.stdout.strip().split(";")[0]
         log = f"{self.dir}/runs/{job}.h5"
         checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
-        # Wait until it trains, then signal the ranks as a preemption would.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with h5py.File(log, "r") as f:
-                    if len(f["steps/step"]) >= 100:
-                        break
-            except (OSError, KeyError):
-                pass
-            time.sleep(0.3)
-        self.assertEqual(self.slurm("scancel", "--signal=USR1", job).returncode, 0)
-        # Slurm holds a requeued job for about two minutes before it may start again; the test
-        # lets it start at once (the requeue itself is the job script's doing).
-        deadline = time.monotonic() + 200
-        released = False
-        while time.monotonic() < deadline:
-            state, restarts, exit_code = self.job_state(job)
-            if state == "PENDING" and restarts >= 1 and not released:
-                self.slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
-                released = True
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-                break
-            time.sleep(1)
+        state, restarts, exit_code = preempt_and_requeue(self.slurm, job, log)
         with open(f"{self.dir}/runs/slurm-{job}.out") as out:
             output = out.read()
         self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
