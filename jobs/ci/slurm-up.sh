@@ -34,6 +34,8 @@ fi
 "$(dirname "$0")/slurm-down.sh" "$dir" >/dev/null 2>&1 || true
 rm -rf "$dir"
 mkdir -p "$dir"/{state,spool,log,munge}
+# A start that fails half-way stops what it started (the caller never calls slurm-down then).
+trap '"$(dirname "$0")/slurm-down.sh" "$dir" >/dev/null 2>&1' ERR
 chmod 0755 "$dir" "$dir/munge"  # munge's socket folder must be searchable by all
 
 # munge: its own key, socket, pid and log, running as user munge.
@@ -143,4 +145,5 @@ for _ in $(seq 1 100); do
 done
 echo "slurm-up: $idle of $want node(s) became idle; logs in $dir/log" >&2
 sinfo -N >&2 || true
+"$(dirname "$0")/slurm-down.sh" "$dir" >/dev/null 2>&1
 exit 1
