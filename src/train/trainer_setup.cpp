@@ -43,16 +43,6 @@
 #include "trainer_state.hpp"
 
 namespace autoaccum::train {
-namespace {
-
-std::string hostname() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
-}
-
-}  // namespace
-
 ThreadChoice choose_threads(int requested, int local_ranks) {
   if (requested > 0) return {requested, "--threads"};
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -409,14 +399,6 @@ void Trainer::State::probe_precision() {
 }
 
 void Trainer::State::open_observers() {
-  // Host names for the run log, gathered once.
-  std::vector<char> names(static_cast<std::size_t>(world) * 64, '\0');
-  const std::string mine = hostname().substr(0, 63);
-  std::vector<char> own(64, '\0');
-  std::copy(mine.begin(), mine.end(), own.begin());
-  comm.allgather(own.data(), 64, names.data());
-  for (int r = 0; r < world; ++r)
-    hostnames.emplace_back(names.data() + r * 64);
   peak_bytes.assign(static_cast<std::size_t>(world), 0);
 
   if (!options.run_log.empty()) {
@@ -424,7 +406,8 @@ void Trainer::State::open_observers() {
       if (!root) return;
       if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
         observers.push_back(std::make_unique<RunLogObserver>(
-            io::RunLogWriter::append(options.run_log, step, hostnames), options.log_flush_every));
+            io::RunLogWriter::append(options.run_log, step, comm.hosts()),
+            options.log_flush_every));
         return;
       }
       io::RunLogHeader header;
@@ -433,7 +416,7 @@ void Trainer::State::open_observers() {
       header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
       header.command_line = options.command_line;
       header.started_at = io::utc_now();
-      header.hostnames = hostnames;
+      header.hostnames = comm.hosts();  // gathered when the communicator was made
       header.text = {
           {"model", model->describe()},
           {"loss", objective->describe()},
@@ -468,7 +451,7 @@ void Trainer::State::open_observers() {
 }
 
 void Trainer::State::announce() {
-  std::vector<std::string> unique(hostnames);
+  std::vector<std::string> unique(comm.hosts());
   std::sort(unique.begin(), unique.end());
   const auto nodes = std::unique(unique.begin(), unique.end()) - unique.begin();
   std::ostringstream banner;

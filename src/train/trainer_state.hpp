@@ -109,7 +109,6 @@ struct Trainer::State {
   std::int64_t step = 0;              // optimizer steps completed
   std::int64_t checkpoint_step = -1;  // the step of the last checkpoint written or resumed from
   std::vector<std::unique_ptr<OutputLock>> locks;
-  std::vector<std::string> hostnames;
   std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
   std::vector<std::unique_ptr<StepObserver>> observers;
   bool finished = false;

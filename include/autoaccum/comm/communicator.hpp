@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace autoaccum::comm {
 
@@ -29,6 +30,8 @@ class Communicator {
   // Rank and size among the ranks on this node (MPI_COMM_TYPE_SHARED).
   virtual int local_rank() const = 0;
   virtual int local_size() const = 0;
+  // Every rank's host name, by rank (gathered once, when the communicator is made).
+  virtual const std::vector<std::string>& hosts() const = 0;
   virtual std::string_view backend() const = 0;
   virtual MemoryKind buffer_memory() const = 0;
 

@@ -42,8 +42,8 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
 
   MPI_Comm handle() const noexcept { return comm_; }
-  // Every rank's host (MPI_Get_processor_name), by rank.
-  const std::vector<std::string>& hosts() const noexcept { return hosts_; }
+  // Every rank's host (MPI_Get_processor_name, at most 63 characters), by rank.
+  const std::vector<std::string>& hosts() const override { return hosts_; }
 
   // The arrival half of a watched collective: returns once every rank has called it, or, past
   // the watchdog's timeout, finds out with the others which ranks are missing and throws

@@ -27,6 +27,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return control_->size(); }
   int local_rank() const override { return control_->local_rank(); }
   int local_size() const override { return control_->local_size(); }
+  const std::vector<std::string>& hosts() const override { return control_->hosts(); }
   std::string_view backend() const override { return "nccl"; }
   MemoryKind buffer_memory() const override { return MemoryKind::kDevice; }
 
