@@ -72,13 +72,19 @@ void RunLogObserver::on_step(const io::StepRow& row, const RankFigures& ranks) {
           (row.oom_retries > 0 || (steps_since_flush_ >= 10 && since_flush >= 1.0) ||
            since_flush > std::max(5.0, spacing));
   }
-  if (due) {
-    const auto start = Clock::now();
-    write("", "");
-    last_write_seconds_ = seconds_since(start);
-    steps_since_flush_ = 0;
-    last_flush_ = Clock::now();
-  }
+  if (due) flush();
+}
+
+void RunLogObserver::flush() {
+  const auto start = Clock::now();
+  write("", "");
+  last_write_seconds_ = seconds_since(start);
+  steps_since_flush_ = 0;
+  last_flush_ = Clock::now();
+}
+
+void RunLogObserver::on_checkpoint(std::int64_t) {
+  if (steps_since_flush_ > 0) flush();
 }
 
 void RunLogObserver::on_eval(const EvalEvent& event) {

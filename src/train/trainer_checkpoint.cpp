@@ -188,6 +188,7 @@ void Trainer::State::save_checkpoint() {
     io::write_checkpoint(options.checkpoint, c);
   });
   checkpoint_step = step;
+  notify([&](StepObserver& o) { o.on_checkpoint(step); });
 }
 
 }  // namespace autoaccum::train

@@ -7,6 +7,7 @@ import io
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -28,11 +29,12 @@ class RunLogIntegrity(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
-    def command(self, log, checkpoint, steps, *extra):
+    def command(self, log, checkpoint, steps, *extra, checkpoint_every=3, flush_every=1):
         return [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
                 "--hidden", "32,32", "--threads", "1", "--global-batch", "100", "--steps",
-                str(steps), "--run-log", log, "--checkpoint", checkpoint, "--checkpoint-every", "3",
-                "--log-flush-every", "1", "--log-every", "0", "--resume", *extra]
+                str(steps), "--run-log", log, "--checkpoint", checkpoint, "--checkpoint-every",
+                str(checkpoint_every), "--log-flush-every", str(flush_every), "--log-every", "0",
+                "--resume", *extra]
 
     def assert_whole(self, log):
         """Returns the steps column after checking the log as a reader would."""
@@ -82,6 +84,30 @@ class RunLogIntegrity(unittest.TestCase):
             self.assertTrue(np.all(np.diff(f["resumes/step"][:]) >= 0))
         leftovers = [n for n in os.listdir(self.dir) if ".tmp." in n]
         self.assertEqual(leftovers, [], "a killed writer's temporaries are removed at the next start")
+
+    def test_a_run_that_dies_after_a_checkpoint_has_a_row_for_every_checkpointed_step(self):
+        # Writes of the log are rare here (--log-flush-every 1000), so only the checkpoint at
+        # step 4 makes one: rank 1 then stalls in step 6 and the job is killed there.
+        log, checkpoint = os.path.join(self.dir, "dies.h5"), os.path.join(self.dir, "dies.ckpt")
+        command = self.command(log, checkpoint, 100, "--collective-timeout", "0", "--inject-stall",
+                               "rank=1,step=6,seconds=120", checkpoint_every=4, flush_every=1000)
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(checkpoint):
+                self.assertLess(time.monotonic(), deadline, "no checkpoint written")
+                time.sleep(0.05)
+            time.sleep(2)  # steps take milliseconds: rank 1 is in its stall now
+            self.assertIsNone(job.poll())
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        with h5py.File(checkpoint, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 4)
+        np.testing.assert_array_equal(self.assert_whole(log), np.arange(4))
+        with h5py.File(log, "r") as f:
+            self.assertEqual(text(f.attrs["status"]), "running")
 
     def test_a_failed_write_then_a_good_one_leaves_each_row_once(self):
         disk = os.path.join(self.dir, "small-disk")

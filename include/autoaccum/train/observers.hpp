@@ -58,6 +58,8 @@ class StepObserver {
     (void)ranks;
   }
   virtual void on_eval(const EvalEvent&) {}
+  // A checkpoint of the state after step `step` (1-based count of finished steps) was written.
+  virtual void on_checkpoint(std::int64_t step) { (void)step; }
   virtual void on_message(const std::string&) {}  // notes for the user (probes, resume, skips)
   // The run ends: "completed", "failed" (with `message`) or "preempted".
   virtual void on_finish(const std::string& status, const std::string& message,
@@ -71,7 +73,8 @@ class StepObserver {
 // Adds rows to the HDF5 run log and writes it (the whole log, atomically: io::RunLogWriter) every
 // `flush_every` steps, or by default: after a retry at once, otherwise every 10 steps but at
 // most once a second and at least every 5 s, and never sooner than 50 times the last write's
-// duration after it (so writing a long run's log costs at most ~2% of the time). A failed write
+// duration after it (so writing a long run's log costs at most ~2% of the time); and after every
+// checkpoint, so a run that dies holds a row for every step its checkpoint has. A failed write
 // does not stop training: it is reported and the next one writes every row.
 class RunLogObserver final : public StepObserver {
  public:
@@ -80,10 +83,12 @@ class RunLogObserver final : public StepObserver {
   void on_oom(const OomEvent& event) override;
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
+  void on_checkpoint(std::int64_t step) override;
   void on_finish(const std::string& status, const std::string& message,
                  std::int64_t final_micro_batch) override;
 
  private:
+  void flush();
   void write(const std::string& status, const std::string& message);
   io::RunLogWriter writer_;
   std::int64_t flush_every_ = 0;
