@@ -6,11 +6,15 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "autoaccum/comm/watchdog.hpp"
+
 namespace autoaccum::cli {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  // MPI_THREAD_MULTIPLE lets the collective watchdog's thread ask the other ranks which ones are
+  // missing (comm/watchdog.hpp); FUNNELED is enough for everything else.
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
     std::fprintf(stderr, "autoaccum: error: MPI_Init_thread failed\n");
     std::exit(2);
   }
@@ -22,6 +26,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 }
 
 MpiRuntime::~MpiRuntime() {
+  comm::watchdog().configure(comm::Milliseconds(0), 0);  // its thread makes no MPI call after this
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

@@ -2,12 +2,12 @@
 #include "autoaccum/comm/mpi_communicator.hpp"
 
 #include <algorithm>
-#include <chrono>
+#include <array>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <optional>
 #include <string>
-#include <thread>
 
 #include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/error.hpp"
@@ -26,11 +26,65 @@ int world_rank() {
 // MPI counts are int: large buffers go in pieces of at most INT_MAX elements.
 constexpr std::size_t kMaxChunk = static_cast<std::size_t>(INT_MAX);
 
-// The watchdog's announcement: "this rank timed out (or answers) at watched collective N".
-constexpr int kTimeoutTag = 7001;
 constexpr std::size_t kHostBytes = 64;
 
-using Clock = std::chrono::steady_clock;
+// The watchdog threads' messages over a private duplicate: "I timed out" and "here I am". Only
+// the watchdog's thread calls it, and only under MPI_THREAD_MULTIPLE.
+class MpiWatchChannel final : public WatchChannel {
+ public:
+  MpiWatchChannel(MPI_Comm parent, int rank, int size, const std::vector<std::string>& hosts)
+      : rank_(rank), size_(size), hosts_(hosts) {
+    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~MpiWatchChannel() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<std::string>& hosts() const override { return hosts_; }
+
+  void announce(const WatchState& mine) override {
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) send(r, kAnnounce, mine);
+    }
+  }
+  void answer(int to, const WatchState& mine) override { send(to, kAnswer, mine); }
+  std::optional<WatchState> next_announcement(int& from) override { return next(kAnnounce, from); }
+  std::optional<WatchState> next_answer(int& from) override { return next(kAnswer, from); }
+
+ private:
+  static constexpr int kAnnounce = 7001, kAnswer = 7002;
+
+  // Non-blocking: a peer that is gone must not hold this thread. The message stays in `sent_`
+  // (a few per rank, only ever during a timeout) until the process ends.
+  void send(int to, int tag, const WatchState& state) {
+    sent_.push_back({state.collective, state.waited_ms});
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(sent_.back().data(), 2, MPI_INT64_T, to, tag, comm_, &request) == MPI_SUCCESS)
+      MPI_Request_free(&request);
+  }
+
+  std::optional<WatchState> next(int tag, int& from) {
+    int arrived = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &arrived, &status) != MPI_SUCCESS || !arrived)
+      return std::nullopt;
+    std::int64_t message[2] = {-1, 0};
+    if (MPI_Recv(message, 2, MPI_INT64_T, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+      return std::nullopt;
+    from = status.MPI_SOURCE;
+    return WatchState{message[0], message[1]};
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_, size_;
+  std::vector<std::string> hosts_;
+  std::deque<std::array<std::int64_t, 2>> sent_;
+};
 
 }  // namespace
 
@@ -57,8 +111,6 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
     check_mpi(MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(local_comm_, &local_rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(local_comm_, &local_size_), "MPI_Comm_size");
-    check_mpi(MPI_Comm_dup(comm_, &watch_comm_), "MPI_Comm_dup");
-    check_mpi(MPI_Comm_set_errhandler(watch_comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 
     char name[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;
@@ -71,10 +123,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
               "MPI_Allgather(host names)");
     for (int r = 0; r < size_; ++r)
       hosts_.emplace_back(all.data() + static_cast<std::size_t>(r) * kHostBytes);
-    const char* skip = std::getenv("AUTOACCUM_WATCHDOG_SKIP_ARRIVAL");
-    skip_arrival_ = skip && std::string(skip) == "1";
+    int level = MPI_THREAD_SINGLE;
+    check_mpi(MPI_Query_thread(&level), "MPI_Query_thread");
+    if (level == MPI_THREAD_MULTIPLE && size_ > 1) {
+      channel_ = std::make_unique<MpiWatchChannel>(comm_, rank_, size_, hosts_);
+      watchdog().attach(channel_.get());
+    }
   } catch (...) {
-    if (watch_comm_ != MPI_COMM_NULL) MPI_Comm_free(&watch_comm_);
+    if (channel_) watchdog().detach(channel_.get());
+    channel_.reset();
     if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
     MPI_Comm_free(&comm_);
     throw;
@@ -85,96 +142,15 @@ MpiCommunicator::~MpiCommunicator() {
   // MPI_Comm_free after MPI_Finalize is erroneous; a destructor must not throw either way.
   int finalized = 0;
   MPI_Finalized(&finalized);
+  if (channel_) watchdog().detach(channel_.get());
   if (finalized) return;
-  if (watch_comm_ != MPI_COMM_NULL) MPI_Comm_free(&watch_comm_);
+  channel_.reset();
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::arrive(const char* what) {
-  const Watchdog& dog = watchdog();
-  if (!dog.enabled() || size_ == 1 || skip_arrival_) return;
-  ++arrivals_;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
-  const auto start = Clock::now();
-  const auto deadline = start + dog.timeout();
-  for (unsigned polls = 1;; ++polls) {
-    int done = 0;
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test(arrival)");
-    if (done) return;
-    if (polls % 256 == 0) {
-      // Another rank's announcement means it has timed out at this collective: answer it now.
-      int announced = 0;
-      check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTimeoutTag, watch_comm_, &announced, MPI_STATUS_IGNORE),
-                "MPI_Iprobe(watchdog)");
-      const auto now = Clock::now();
-      if (announced || now >= deadline) diagnose(what, now - start);
-      std::this_thread::yield();  // a rank waiting on an oversubscribed node gives the CPU away
-    }
-  }
-}
-
-void MpiCommunicator::diagnose(const char* what, Clock::duration waited) {
-  // Every rank that is waiting tells every other rank which collective it waits at, and listens
-  // for the same for a grace period; whoever does not answer did not arrive. A rank that arrives
-  // late, after an announcement, answers too, marked late: it counts as not having arrived.
-  // Return codes are ignored: a peer that is gone must not hide the timeout behind a send error.
-  const Watchdog& dog = watchdog();
-  const bool late = waited < dog.timeout() / 2;
-  announced_[0] = arrivals_;
-  announced_[1] = late ? 1 : 0;
-  const auto n = static_cast<std::size_t>(size_);
-  std::vector<std::int64_t> answers(2 * n, -1);
-  std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
-  int pending = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    const auto at = static_cast<std::size_t>(r);
-    MPI_Request send = MPI_REQUEST_NULL;
-    if (MPI_Isend(announced_, 2, MPI_INT64_T, r, kTimeoutTag, watch_comm_, &send) == MPI_SUCCESS)
-      MPI_Request_free(&send);
-    if (MPI_Irecv(&answers[2 * at], 2, MPI_INT64_T, r, kTimeoutTag, watch_comm_, &receives[at]) ==
-        MPI_SUCCESS)
-      ++pending;
-  }
-  const auto until = Clock::now() + grace_period(dog.timeout());
-  while (pending > 0 && Clock::now() < until) {
-    for (auto& receive : receives) {
-      if (receive == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      if (MPI_Test(&receive, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
-        receive = MPI_REQUEST_NULL;
-        --pending;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-
-  TimeoutReport report;
-  report.collective = what;
-  report.timeout = dog.timeout();
-  report.hosts = hosts_;
-  report.context = dog.context();
-  for (int r = 0; r < size_; ++r) {
-    const auto at = static_cast<std::size_t>(r);
-    const std::int64_t answer = r == rank_ ? announced_[0] : answers[2 * at];
-    const bool answered_late = r == rank_ ? late : answers[2 * at + 1] == 1;
-    if (answer < 0 || answered_late)
-      report.absent.push_back(r);
-    else if (answer == announced_[0])
-      report.present.push_back(r);
-    else
-      report.elsewhere.push_back(r);
-  }
-  // The lowest rank that waited says the line: rank 0 whenever rank 0 can still talk.
-  const bool reporter = !late && !report.present.empty() && report.present.front() == rank_;
-  throw CollectiveTimeout(describe_timeout(report), reporter);
-}
-
 void MpiCommunicator::allreduce(void* data, std::size_t count, MPI_Datatype type,
                                 std::size_t type_bytes, MPI_Op op, const char* what) {
-  arrive(what);
   const Watchdog::Guard guard(watchdog(), what);
   auto* bytes = static_cast<char*>(data);
   for (std::size_t done = 0; done < count;) {
@@ -213,7 +189,6 @@ void MpiCommunicator::allreduce_sum_host(double* values, std::size_t count) {
 void MpiCommunicator::allgather(const void* send, std::size_t bytes, void* receive) {
   if (bytes > kMaxChunk)
     throw CommError("allgather: " + std::to_string(bytes) + " bytes per rank is too many");
-  arrive("MPI_Allgather");
   const Watchdog::Guard guard(watchdog(), "MPI_Allgather");
   check_mpi(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, receive, static_cast<int>(bytes),
                           MPI_BYTE, comm_),
@@ -225,7 +200,6 @@ void MpiCommunicator::broadcast(void* data, std::size_t bytes, int root) {
     throw CommError("broadcast: root " + std::to_string(root) + " is not a rank of a world of " +
                     std::to_string(size_));
   }
-  arrive("MPI_Bcast");
   const Watchdog::Guard guard(watchdog(), "MPI_Bcast");
   auto* p = static_cast<char*>(data);
   for (std::size_t done = 0; done < bytes;) {
@@ -236,7 +210,6 @@ void MpiCommunicator::broadcast(void* data, std::size_t bytes, int root) {
 }
 
 void MpiCommunicator::barrier() {
-  arrive("MPI_Barrier");
   const Watchdog::Guard guard(watchdog(), "MPI_Barrier");
   check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
 }

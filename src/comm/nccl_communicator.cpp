@@ -80,13 +80,17 @@ void release_cuda_handles(NcclCommunicator::Impl& impl) noexcept {
                   detail);
 }
 
-// Waits until `done()` or NCCL reports an error; aborts the communicator past the deadline (the
-// watchdog's --collective-timeout when set, else the constructor's) so a peer that died cannot
-// leave this rank waiting forever.
+// Waits until `done()` or NCCL reports an error; aborts the communicator past the deadline so a
+// peer that died cannot leave this rank waiting forever. With --collective-timeout the watchdog's
+// thread (armed by the caller) ends the job first, naming the missing ranks; this deadline, the
+// timeout plus the thread's grace period and 10 s, is the fallback. Without it, the
+// constructor's timeout applies.
 template <class Done>
 void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done done) {
   const Watchdog& dog = watchdog();
-  const std::chrono::milliseconds timeout = dog.enabled() ? dog.timeout() : impl.timeout;
+  const std::chrono::milliseconds timeout =
+      dog.enabled() ? dog.timeout() + grace_period(dog.timeout()) + std::chrono::seconds(10)
+                    : impl.timeout;
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     if (done()) return;
@@ -295,12 +299,12 @@ void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::s
 }  // namespace
 
 void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count) {
-  control_->arrive("ncclAllReduce(float, sum)");  // the watchdog: every rank is here
+  const Watchdog::Guard guard(watchdog(), "ncclAllReduce(float, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat32);
 }
 
 void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count) {
-  control_->arrive("ncclAllReduce(double, sum)");
+  const Watchdog::Guard guard(watchdog(), "ncclAllReduce(double, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat64);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "autoaccum/core/console.hpp"
 #include "autoaccum/core/error.hpp"
@@ -58,35 +59,76 @@ Milliseconds grace_period(Milliseconds timeout) {
   return std::clamp(timeout / 10, Milliseconds(1000), Milliseconds(10000));
 }
 
+TimeoutReport tally(int self, const WatchState& mine,
+                    const std::vector<std::optional<WatchState>>& answers) {
+  TimeoutReport report;
+  report.rank = self;
+  for (int r = 0; r < static_cast<int>(answers.size()); ++r) {
+    const std::optional<WatchState>& answer =
+        r == self ? std::optional<WatchState>(mine) : answers[static_cast<std::size_t>(r)];
+    if (!answer)
+      report.silent.push_back(r);
+    else if (answer->collective < 0)
+      report.running.push_back(r);
+    else if (answer->collective == mine.collective)
+      report.present.push_back(r);
+    else
+      report.elsewhere.push_back(r);
+  }
+  return report;
+}
+
 std::string describe_timeout(const TimeoutReport& report) {
   std::ostringstream out;
   out << "collective timeout: ";
-  if (report.absent.empty()) {
-    out << "every rank reached " << report.collective << ", but it did not complete within "
-        << duration_text(report.timeout)
-        << " (--collective-timeout): a link or a rank failed inside it";
-  } else {
-    // The absent ranks, grouped by host: a dead node shows as one entry.
-    std::map<std::string, std::vector<int>> by_host;
-    for (int r : report.absent) {
+  const std::string within = " within " + duration_text(report.timeout) + " (--collective-timeout)";
+  const std::string& context = report.context;
+  if (!report.located) {
+    out << report.collective << " did not complete" << within << " on rank " << report.rank
+        << "; which ranks are missing is not known (this MPI gives no MPI_THREAD_MULTIPLE)";
+    if (!context.empty()) out << "; " << context;
+    return out.str();
+  }
+  if (report.running.empty() && report.silent.empty() && report.elsewhere.empty()) {
+    out << "every rank reached " << report.collective << ", but it did not complete" << within
+        << ": a link or a rank failed inside it";
+    if (!context.empty()) out << ", " << context;
+    return out.str();
+  }
+  // Ranks grouped by host: a dead node shows as one entry.
+  const auto by_host = [&](const std::vector<int>& ranks) {
+    std::map<std::string, std::vector<int>> hosts;
+    for (int r : ranks) {
       const auto index = static_cast<std::size_t>(r);
-      by_host[index < report.hosts.size() ? report.hosts[index] : "?"].push_back(r);
+      hosts[index < report.hosts.size() ? report.hosts[index] : "?"].push_back(r);
     }
-    out << plural(report.absent);
+    std::string text = plural(ranks);
     bool first = true;
-    for (const auto& [host, ranks] : by_host) {
-      out << (first ? "" : ", ") << rank_ranges(ranks) << " on " << host;
+    for (const auto& [host, on_host] : hosts) {
+      text += (first ? "" : ", ") + rank_ranges(on_host) + " on " + host;
       first = false;
     }
-    out << " did not reach " << report.collective << " within " << duration_text(report.timeout)
-        << " (--collective-timeout; " << plural(report.present) << rank_ranges(report.present)
-        << " waited)";
+    return text;
+  };
+  out << report.collective << " did not complete" << within << ":";
+  std::string separator = " ";
+  if (!report.running.empty()) {
+    out << separator << by_host(report.running) << " did not reach it (still running)";
+    separator = "; ";
+  }
+  if (!report.silent.empty()) {
+    out << separator << by_host(report.silent) << (report.silent.size() == 1 ? " does" : " do")
+        << " not answer (process, node or link down)";
+    separator = "; ";
   }
   if (!report.elsewhere.empty()) {
-    out << "; " << plural(report.elsewhere) << rank_ranges(report.elsewhere)
-        << " answered from a different collective";
+    out << separator << plural(report.elsewhere) << rank_ranges(report.elsewhere)
+        << " waited in a different collective";
+    separator = "; ";
   }
-  if (!report.context.empty()) out << (report.absent.empty() ? ", " : " ") << report.context;
+  if (!report.present.empty())
+    out << separator << plural(report.present) << rank_ranges(report.present) << " waited";
+  if (!context.empty()) out << "; " << context;
   return out.str();
 }
 
@@ -131,7 +173,18 @@ void Watchdog::set_last_words(std::function<void(const std::string&)> last_words
   last_words_ = std::move(last_words);
 }
 
+void Watchdog::attach(WatchChannel* channel) {
+  std::lock_guard<std::mutex> lock(channel_mutex_);
+  if (!channel_) channel_ = channel;
+}
+
+void Watchdog::detach(WatchChannel* channel) {
+  std::lock_guard<std::mutex> lock(channel_mutex_);
+  if (channel_ == channel) channel_ = nullptr;
+}
+
 Watchdog::Guard::Guard(Watchdog& dog, const char* what) noexcept : dog_(dog) {
+  dog_.entered_.fetch_add(1, std::memory_order_relaxed);
   dog_.armed_what_.store(what, std::memory_order_relaxed);
   dog_.armed_at_ns_.store(now_ns(), std::memory_order_release);
 }
@@ -140,15 +193,32 @@ Watchdog::Guard::~Guard() {
   dog_.armed_at_ns_.store(0, std::memory_order_release);
 }
 
+WatchState Watchdog::state() const {
+  const std::int64_t armed = armed_at_ns_.load(std::memory_order_acquire);
+  if (armed == 0) return {};
+  return {entered_.load(std::memory_order_relaxed), (now_ns() - armed) / 1'000'000};
+}
+
+void Watchdog::answer_announcements(WatchChannel& channel) const {
+  int from = -1;
+  while (channel.next_announcement(from))
+    channel.answer(from, state());
+}
+
 void Watchdog::watch() {
   std::unique_lock<std::mutex> lock(thread_mutex_);
   const std::int64_t timeout_ns = timeout_ms_.load() * 1'000'000;
-  // Checks a few times per deadline (at most every second), so it fires within 25% of it.
+  // Answers the other ranks' questions within a tenth of a second; fires within 25% of the
+  // deadline.
   const auto period =
-      std::clamp(Milliseconds(timeout_ms_.load() / 4), Milliseconds(10), Milliseconds(1000));
+      std::clamp(Milliseconds(timeout_ms_.load() / 4), Milliseconds(10), Milliseconds(100));
   while (!stop_) {
     wake_.wait_for(lock, period);
     if (stop_) break;
+    {
+      std::lock_guard<std::mutex> hold(channel_mutex_);
+      if (channel_) answer_announcements(*channel_);
+    }
     const std::int64_t armed = armed_at_ns_.load(std::memory_order_acquire);
     if (armed != 0 && now_ns() - armed > timeout_ns) fire(armed_what_.load());
   }
@@ -156,6 +226,35 @@ void Watchdog::watch() {
 
 void Watchdog::fire(const char* what) {
   TimeoutReport report;
+  const WatchState mine = state();
+  {
+    // Ask every other rank's thread where its rank is; answer theirs meanwhile (the others
+    // that timed out ask too). Return codes are ignored: a peer that is gone must not hide the
+    // timeout behind a send error. The channel stays held: the process ends below.
+    std::lock_guard<std::mutex> hold(channel_mutex_);
+    if (channel_) {
+      WatchChannel& channel = *channel_;
+      std::vector<std::optional<WatchState>> answers(static_cast<std::size_t>(channel.size()));
+      channel.announce(mine);
+      int heard = 1;
+      const auto until = std::chrono::steady_clock::now() + grace_period(timeout());
+      while (heard < channel.size() && std::chrono::steady_clock::now() < until) {
+        answer_announcements(channel);
+        int from = -1;
+        while (const auto answer = channel.next_answer(from)) {
+          auto& slot = answers.at(static_cast<std::size_t>(from));
+          if (!slot) ++heard;
+          slot = answer;
+        }
+        std::this_thread::sleep_for(Milliseconds(1));
+      }
+      report = tally(channel.rank(), mine, answers);
+      report.hosts = channel.hosts();
+    } else {
+      report.located = false;
+      report.rank = rank_;
+    }
+  }
   report.collective = what ? what : "a collective";
   report.timeout = timeout();
   std::function<void(const std::string&)> last_words;
@@ -165,18 +264,23 @@ void Watchdog::fire(const char* what) {
     last_words = last_words_;
   }
   const std::string message = describe_timeout(report);
-  core::write_line(stderr, "autoaccum: rank " + std::to_string(rank_) + ": error: " + message);
+  // One line from the job: the lowest rank that waited (without a channel, every rank that
+  // timed out says its own).
+  const bool reporter =
+      !report.located || (!report.present.empty() && report.present.front() == report.rank);
+  if (reporter) core::write_line(stderr, "autoaccum: error: " + message);
   if (last_words) {
     try {
       last_words(message);
     } catch (...) {
     }
   }
-  // The main thread is stuck inside MPI. MPI_Abort from this thread is outside what
-  // MPI_THREAD_FUNNELED promises, but it is the one call that makes the launcher end the whole
-  // job even when a node cannot be reached (srun otherwise waits until Slurm declares that node
-  // dead, minutes later); Open MPI's goes through PMIx, which has its own thread. If it returns,
-  // a process that ends without MPI_Finalize still makes mpirun end the others.
+  // The others give the reporter a moment, so that its line (and rank 0's run log) comes first.
+  if (!reporter) std::this_thread::sleep_for(std::chrono::seconds(2));
+  // The main thread is stuck inside MPI; MPI_Abort from this thread is allowed under
+  // MPI_THREAD_MULTIPLE (without it, it is outside what MPI promises, but it is the one call that
+  // makes the launcher end the whole job even when a node cannot be reached). If it returns, a
+  // process that ends without MPI_Finalize still makes the launcher end the others.
   const int code = static_cast<int>(ExitCode::kCollectiveTimeout);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

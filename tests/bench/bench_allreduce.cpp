@@ -2,8 +2,10 @@
 // MpiCommunicator::allreduce_sum (what the trainer calls once per attempt) and MPI_Allreduce on
 // MPI_COMM_WORLD, interleaved, medians. A third column times the same call under the collective
 // watchdog (--collective-timeout: an arrival barrier polled against the deadline, and the
-// watchdog thread armed around the blocking all-reduce); "ours" runs with the watchdog off.
-//   mpirun -np 2 build/tests/bench/bench_allreduce [floats] [repetitions]
+// watchdog armed around the call); "ours" runs with the watchdog off.
+//   mpirun -np 2 build/tests/bench/bench_allreduce [floats] [repetitions] [multiple|funneled]
+// The third argument is the thread level MPI is initialised with (autoaccum asks for MULTIPLE so
+// that the watchdog's thread may ask the other ranks where they are): compare two processes.
 // Prints one JSON object on rank 0.
 #include <mpi.h>
 
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "autoaccum/comm/mpi_communicator.hpp"
@@ -22,7 +25,9 @@ using autoaccum::bench::median;
 using autoaccum::bench::now;
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  const bool funneled = argc > 3 && std::string(argv[3]) == "funneled";
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -66,10 +71,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"ranks\": %d, \"floats\": %ld, \"repetitions\": %d, \"raw_us\": %.1f, \"ours_us\": "
         "%.1f, \"watched_us\": %.1f, \"raw_gbps\": %.3f, \"ours_gbps\": %.3f, \"ratio\": %.3f, "
-        "\"watchdog_ratio\": %.3f}\n",
+        "\"watchdog_ratio\": %.3f, \"thread_level\": \"%s\"}\n",
         size, n, repetitions, median(raw) * 1e6, median(ours) * 1e6, median(watched) * 1e6,
         bytes / median(raw) / 1e9, bytes / median(ours) / 1e9, median(raw) / median(ours),
-        median(ours) / median(watched));
+        median(ours) / median(watched), provided == MPI_THREAD_MULTIPLE ? "multiple" : "funneled");
   }
   MPI_Finalize();
   return 0;

@@ -3,9 +3,11 @@
 //   agree: rank RANK fails inside comm::collectively, so every rank exits through MPI_Finalize
 //   ok:    nobody fails
 // fault_probe stall RANK SECONDS TIMEOUT: with the collective watchdog at TIMEOUT seconds, rank
-//   RANK sleeps SECONDS before a barrier (with AUTOACCUM_WATCHDOG_SKIP_ARRIVAL=1 the others wait
-//   inside the blocking barrier instead: the watchdog thread's half)
+//   RANK sleeps SECONDS before a barrier (it is alive: its watchdog thread answers)
+// fault_probe freeze RANK TIMEOUT: the same, but rank RANK stops itself (SIGSTOP) before the
+//   barrier, its watchdog thread with it: as a dead node looks to the others, it never answers
 #include <chrono>
+#include <csignal>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -19,17 +21,20 @@ int main(int argc, char** argv) {
   using namespace autoaccum;
   return cli::spmd_main(
       argc, argv, [](comm::Communicator& world, const std::vector<std::string>& args) {
-        if (args.size() != 2 && !(args.size() == 4 && args[0] == "stall"))
-          throw CollectiveError("usage: fault_probe alone|agree|ok RANK, or stall RANK S T",
-                                ExitCode::kUsage, 0);
+        if (args.size() != 2 && !(args.size() == 4 && args[0] == "stall") &&
+            !(args.size() == 3 && args[0] == "freeze"))
+          throw CollectiveError(
+              "usage: fault_probe alone|agree|ok RANK, stall RANK S T, or freeze RANK T",
+              ExitCode::kUsage, 0);
         const std::string& mode = args[0];
         const int failing = std::stoi(args[1]);
-        if (mode == "stall") {
+        if (mode == "stall" || mode == "freeze") {
           comm::watchdog().configure(
-              std::chrono::milliseconds(static_cast<long>(std::stod(args[3]) * 1000)),
+              std::chrono::milliseconds(static_cast<long>(std::stod(args.back()) * 1000)),
               world.rank());
-          comm::watchdog().set_context("in the probe's stall");
-          if (world.rank() == failing)
+          comm::watchdog().set_context("in the probe's " + mode);
+          if (world.rank() == failing && mode == "freeze") std::raise(SIGSTOP);
+          if (world.rank() == failing && mode == "stall")
             std::this_thread::sleep_for(std::chrono::duration<double>(std::stod(args[2])));
           world.barrier();
         } else if (mode == "alone") {

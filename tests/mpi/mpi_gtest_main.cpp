@@ -30,7 +30,7 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   int size = 1;

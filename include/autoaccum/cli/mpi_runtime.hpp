@@ -3,8 +3,11 @@
 
 namespace autoaccum::cli {
 
-// Initialises MPI with MPI_THREAD_FUNNELED (only the main thread calls MPI; the prefetch thread
-// reads HDF5). Finalizes in the destructor unless MPI was already finalized.
+// Initialises MPI asking for MPI_THREAD_MULTIPLE: the main thread makes every collective; the
+// collective watchdog's thread (comm/watchdog.hpp) talks to the other ranks' only while one is
+// late; the prefetch thread reads HDF5. FUNNELED is the least it accepts (the watchdog then
+// cannot name missing ranks). Stops the watchdog's thread and finalizes in the destructor unless
+// MPI was already finalized.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);

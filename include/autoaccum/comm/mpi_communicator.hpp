@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,10 +13,13 @@
 
 namespace autoaccum::comm {
 
+class WatchChannel;
+
 // Owns duplicates of `parent` (default MPI_COMM_WORLD) and of its node-local split, both set to
 // MPI_ERRORS_RETURN so that every failure becomes a CommError naming the call and the rank.
 // Every collective is watched by the process's watchdog (comm/watchdog.hpp) once it has a
-// timeout: it throws CollectiveTimeout when a rank does not arrive in time.
+// timeout. Where MPI gives MPI_THREAD_MULTIPLE the first one made in a process is also the
+// watchdog's channel to the other ranks (a third private duplicate, point to point only).
 // Not movable: collectives in flight hold its handles. The destructor frees them and never throws.
 class MpiCommunicator final : public Communicator {
  public:
@@ -45,11 +49,6 @@ class MpiCommunicator final : public Communicator {
   // Every rank's host (MPI_Get_processor_name, at most 63 characters), by rank.
   const std::vector<std::string>& hosts() const override { return hosts_; }
 
-  // The arrival half of a watched collective: returns once every rank has called it, or, past
-  // the watchdog's timeout, finds out with the others which ranks are missing and throws
-  // CollectiveTimeout. Without a timeout it does nothing. NCCL's collectives call it too.
-  void arrive(const char* what);
-
  protected:
   void do_allreduce_sum(float* data, std::size_t count) override;
   void do_allreduce_sum(double* data, std::size_t count) override;
@@ -57,13 +56,9 @@ class MpiCommunicator final : public Communicator {
  private:
   void allreduce(void* data, std::size_t count, MPI_Datatype type, std::size_t type_bytes,
                  MPI_Op op, const char* what);
-  [[noreturn]] void diagnose(const char* what, std::chrono::steady_clock::duration waited);
 
-  MPI_Comm watch_comm_ = MPI_COMM_NULL;  // the watchdog's point-to-point messages
   std::vector<std::string> hosts_;
-  std::int64_t arrivals_ = 0;           // watched collectives entered so far
-  std::int64_t announced_[2] = {0, 0};  // a timeout's announcement: collective, arrived late
-  bool skip_arrival_ = false;  // AUTOACCUM_WATCHDOG_SKIP_ARRIVAL=1 (tests of the blocking half)
+  std::unique_ptr<WatchChannel> channel_;  // the watchdog's messages; null without THREAD_MULTIPLE
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm local_comm_ = MPI_COMM_NULL;

@@ -1,14 +1,15 @@
 // The collective watchdog: a deadline on every collective, so that a rank that never arrives (a
 // dead node, a cut link, a stalled file system) ends the job with one line instead of a hang.
 //
-// A watched collective has two parts (MpiCommunicator::arrive and the blocking call after it):
-//  - arrival: a non-blocking barrier polled against the deadline. Past it, the waiting ranks
-//    tell each other where they are (point to point, a short grace period) and each throws
-//    CollectiveTimeout naming the ranks that did not answer; the lowest answering rank says it.
-//  - the collective itself, blocking (MPI's fastest algorithms; a non-blocking all-reduce is up
-//    to 2x slower here), under this watchdog's thread: every rank arrived, so only a link or a
-//    rank failing inside the collective can stall it; past the deadline the thread prints one
-//    line, runs the last words (the run log) and ends the job through MPI_Abort with exit code 5.
+// Every collective stays MPI's blocking call (its fastest algorithms; a non-blocking all-reduce
+// is up to 2x slower here). A Guard arms the process's watchdog thread around it: two atomic
+// stores, nothing on the wire. Past the deadline the thread finds out which ranks are missing
+// by asking the other ranks' watchdog threads over a WatchChannel (point to point, beside the
+// collectives; MpiCommunicator provides one when MPI gives MPI_THREAD_MULTIPLE): every thread
+// answers at once whether its rank waits in the same collective, runs outside any collective, or
+// waits at another; a rank whose thread does not answer within a grace period is dead or cut off.
+// The lowest rank that waited says one line, every rank that timed out runs its last words
+// (rank 0 writes the run log), and MPI_Abort ends the job with exit code 5.
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,15 +31,46 @@ using Milliseconds = std::chrono::milliseconds;
 struct TimeoutReport {
   std::string collective;          // e.g. "MPI_Allreduce(float, sum)"
   Milliseconds timeout{0};         // the deadline it passed
-  std::vector<int> absent;         // ranks that did not answer
-  std::vector<int> present;        // ranks that answered (waiting at the same collective)
-  std::vector<int> elsewhere;      // ranks that answered from a different collective (a bug)
+  std::vector<int> present;        // ranks waiting in this collective
+  std::vector<int> running;        // ranks that answered from outside any collective
+  std::vector<int> silent;         // ranks that did not answer: process, node or link down
+  std::vector<int> elsewhere;      // ranks waiting in a different collective (a bug)
   std::vector<std::string> hosts;  // every rank's host, by rank
-  std::string context;             // the caller's "at step 12; last checkpoint ..."
+  std::string context;             // the caller's "in step 12 of 100; last checkpoint ..."
+  bool located = true;  // false: no channel to ask (no MPI_THREAD_MULTIPLE); `rank` timed out
+  int rank = 0;
 };
 
-// The one line: "collective timeout: rank 2 on node2 did not reach MPI_Allreduce(float, sum)
-// within 10 s (--collective-timeout; ranks 0-1, 3 waited) in step 12 of 100; last checkpoint...".
+// What a rank's watchdog thread tells another: the watched collective its rank waits in (the
+// count of collectives it has entered; -1 while it runs outside any) and for how long.
+struct WatchState {
+  std::int64_t collective = -1;
+  std::int64_t waited_ms = 0;
+};
+
+// The watchdog threads' messages to each other, beside the collectives. Called from the
+// watchdog's thread only.
+class WatchChannel {
+ public:
+  virtual ~WatchChannel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::vector<std::string>& hosts() const = 0;
+  // "This rank timed out": to every other rank, whose thread answers with its state.
+  virtual void announce(const WatchState& mine) = 0;
+  virtual void answer(int to, const WatchState& mine) = 0;
+  // The next announcement or answer that has arrived, if any; `from` is its sender.
+  virtual std::optional<WatchState> next_announcement(int& from) = 0;
+  virtual std::optional<WatchState> next_answer(int& from) = 0;
+};
+
+// Sorts the answers (by rank; nullopt: none came) of a timeout at `mine.collective` on `self`.
+TimeoutReport tally(int self, const WatchState& mine,
+                    const std::vector<std::optional<WatchState>>& answers);
+
+// The one line: "collective timeout: MPI_Allreduce(float, sum) did not complete within 10 s
+// (--collective-timeout): rank 2 on node2 did not reach it (still running); ranks 0, 1, 3
+// waited; in step 12 of 100; last checkpoint: run.ckpt.h5 at step 10".
 std::string describe_timeout(const TimeoutReport& report);
 
 // "0-3, 5, 7-8": sorted ranks as ranges.
@@ -46,7 +79,8 @@ std::string rank_ranges(std::vector<int> ranks);
 // "10 s", "0.5 s", "10 min".
 std::string duration_text(Milliseconds duration);
 
-// How long the ranks that timed out listen for each other: a tenth of the timeout, 1 to 10 s.
+// How long a rank that timed out listens for the others' answers: a tenth of the timeout, 1 to
+// 10 s.
 Milliseconds grace_period(Milliseconds timeout);
 
 class Watchdog {
@@ -69,7 +103,12 @@ class Watchdog {
   // thread is blocked inside MPI at that moment.
   void set_last_words(std::function<void(const std::string& message)> last_words);
 
-  // The blocking part of a collective: armed while it runs.
+  // The channel the thread answers on and asks through (the first attached is kept; a channel
+  // detaches before it goes away). Without one a timeout cannot name the missing ranks.
+  void attach(WatchChannel* channel);
+  void detach(WatchChannel* channel);
+
+  // A collective: the watchdog is armed while it runs.
   class Guard {
    public:
     Guard(Watchdog& dog, const char* what) noexcept;
@@ -84,11 +123,16 @@ class Watchdog {
  private:
   void watch();
   [[noreturn]] void fire(const char* what);
+  WatchState state() const;
+  void answer_announcements(WatchChannel& channel) const;
   void stop_thread();
 
   std::atomic<std::int64_t> timeout_ms_{0};
   std::atomic<std::int64_t> armed_at_ns_{0};  // steady clock; 0 while no collective runs
   std::atomic<const char*> armed_what_{nullptr};
+  std::atomic<std::int64_t> entered_{0};  // watched collectives entered so far
+  std::mutex channel_mutex_;
+  WatchChannel* channel_ = nullptr;
   int rank_ = 0;
   mutable std::mutex context_mutex_;
   std::string context_;
