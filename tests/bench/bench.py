@@ -658,7 +658,8 @@ def render_watchdog(results):
              "node. With: the default `--collective-timeout` (10 min: the blocking all-reduce "
              "with the watchdog armed around it). Without: `--collective-timeout 0`. Both in "
              "one process under MPI_THREAD_MULTIPLE, as autoaccum runs.", "",
-             "`MpiCommunicator::allreduce_sum`, 400 interleaved calls per repetition:", "",
+             "`MpiCommunicator::allreduce_sum`, 400 calls per column and repetition in blocks of 20, "
+             "the columns' order rotating from block to block:", "",
              "| buffer | without (us) | with (us) | without / with | met (>= 0.98) |",
              "|---|---|---|---|---|"]
     for name, c in w["collective"].items():
@@ -685,7 +686,7 @@ def render_watchdog(results):
                          f"{fmt(t['ratio'], 3)} |")
     lines += ["", "The gradient all-reduce (669,712 floats) between two simulated nodes, one rank "
               "each (network namespaces joined by a bridge, TCP; `jobs/ci/slurm-up.sh --nodes 2`, "
-              "launched by `srun`), 200 interleaved calls per repetition:", ""]
+              "launched by `srun`), 200 calls per column and repetition in rotating blocks of 20:", ""]
     if two:
         lines += ["| raw MPI_Allreduce (us) | autoaccum (us) | with the watchdog (us) | raw / "
                   "autoaccum | without / with watchdog |", "|---|---|---|---|---|",

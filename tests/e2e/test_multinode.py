@@ -1,6 +1,7 @@
 """autoaccum across nodes, on a two-node Slurm cluster simulated on this machine
 (jobs/ci/slurm-up.sh --nodes 2: one network, UTS and mount namespace per node, linked through a
-bridge). The multi-node job script runs unchanged and equals a single-node run; node-local
+bridge). The multi-node job script runs unchanged and equals a single-node run; a scripted
+model with BatchNorm and dropout equals PyTorch's computation and a single-node run; node-local
 ranks are right in the banner and the run log; a job whose node's processes are killed ends
 within 30 s and a requeued job resumes exactly; a job whose node's link is cut ends within the
 collective timeout plus 30 s with one line naming the missing rank, and the run log says so;
@@ -18,6 +19,7 @@ import unittest
 import h5py
 import numpy as np
 
+import user_models as um
 from harness import BIN, autoaccum, preempt_and_requeue, text
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -92,10 +94,10 @@ class TwoNodes(unittest.TestCase):
             time.sleep(0.5)
         self.fail(f"nodes not idle: {states}")
 
-    def srun_train(self, name, *args, ranks_per_node=1):
+    def srun_train(self, name, *args, ranks_per_node=1, model=("--model", "mlp"), data=None):
         """srun from the root namespace over both nodes, in the background."""
         command = ["srun", "-N2", f"--ntasks-per-node={ranks_per_node}", "--mpi=pmix", BIN,
-                   "train", "--data", self.data, "--model", "mlp", "--global-batch", 96,
+                   "train", "--data", data or self.data, *model, "--global-batch", 96,
                    "--threads", 1, "--shuffle", "none", "--log-every", 0,
                    "--run-log", f"{self.runs}/{name}.h5",
                    "--checkpoint", f"{self.runs}/{name}.ckpt.h5", *args]
@@ -151,6 +153,42 @@ class TwoNodes(unittest.TestCase):
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7,
                                        err_msg=name)
+
+    def test_a_scripted_model_with_batchnorm_and_dropout_trains_across_nodes_as_on_one(self):
+        # The user's own model (TorchScript from Python): conv, BatchNorm, dropout; 2 ranks per
+        # node, a micro-batch (10) that does not divide a rank's 24 rows. Without dropout it
+        # equals PyTorch's computation; with it, a one-node run (each rank's random stream is
+        # its own, wherever it runs).
+        self.wait_idle()
+        x, y = um.classification_data(480, (1, 8, 8), 4, seed=5)
+        images = um.write_data(os.path.join(self.dir, "images.h5"), x, y, classes=4)
+        args = ["--steps", 4, "--micro-batch", 10, "--lr", 0.1, "--momentum", 0.9]
+        for dropout in (0.0, 0.25):
+            with self.subTest(dropout=dropout):
+                name = f"cbnd-{dropout}"
+                model = um.save_scripted(um.ConvBnDropout(dropout=dropout, width=8),
+                                         os.path.join(self.dir, f"{name}.pt"))
+                job = self.srun_train(name, *args, ranks_per_node=2, data=images,
+                                      model=("--model-file", model))
+                output = self.finish(job, 120)
+                self.assertEqual(job.returncode, 0, output)
+                self.assertIn("4 rank(s) on 2 node(s)", output)
+                got = f"{self.runs}/{name}.ckpt.h5"
+                if dropout == 0.0:
+                    reference = um.reference_steps(model, x, y, world=4, micro_batch=10,
+                                                   global_batch=96, steps=4, lr=0.1, momentum=0.9)
+                    um.assert_close_to_model(self, got, reference)
+                    continue
+                one = os.path.join(self.dir, f"{name}-one-node.ckpt.h5")
+                r = autoaccum(4, "train", "--data", images, "--model-file", model,
+                              "--global-batch", 96, "--threads", 1, "--shuffle", "none",
+                              "--log-every", 0, "--checkpoint", one, *args, timeout=120)
+                self.assertEqual(r.returncode, 0, r)
+                a, b = um.checkpoint_tensors(got), um.checkpoint_tensors(one)
+                for kind in (0, 1):
+                    for tensor in b[kind]:
+                        np.testing.assert_allclose(a[kind][tensor], b[kind][tensor], rtol=1e-5,
+                                                   atol=1e-7, err_msg=tensor)
 
     def test_a_cut_link_ends_the_job_within_the_timeout_and_the_run_log_says_why(self):
         self.wait_idle()
