@@ -5,7 +5,8 @@ model with BatchNorm and dropout equals PyTorch's computation and a single-node 
 ranks are right in the banner and the run log; a job whose node's processes are killed ends
 within 30 s and a requeued job resumes exactly; a job whose node's link is cut ends within the
 collective timeout plus 30 s with one line naming the missing rank, and the run log says so;
-a preempted job checkpoints, is requeued and resumes across nodes bit for bit."""
+a preempted job checkpoints, is requeued and resumes across nodes bit for bit. On four nodes
+(one rank each) a scripted model equals PyTorch's computation, and a cut node is named alone."""
 import glob
 import os
 import re
@@ -41,9 +42,14 @@ def params(checkpoint):
         return {n: f[f"params/{n}"][()] for n in f["params"]}, int(f.attrs["step"])
 
 
-@unittest.skipUnless(HAVE and os.geteuid() == 0,
-                     "needs root, Slurm and iproute2 (jobs/setup.sh installs them)")
-class TwoNodes(unittest.TestCase):
+NEEDS = "needs root, Slurm and iproute2 (jobs/setup.sh installs them)"
+
+
+class Cluster(unittest.TestCase):
+    """A cluster of `nodes` simulated nodes for the class's tests (ctest runs each test in its
+    own process, so each starts its own: ~2 s)."""
+    nodes = 2
+
     @classmethod
     def setUpClass(cls):
         probe = subprocess.run(["ip", "netns", "add", "aa-probe"], capture_output=True, text=True)
@@ -54,10 +60,11 @@ class TwoNodes(unittest.TestCase):
         os.chmod(cls.dir, 0o755)
         cls.state = os.path.join(cls.dir, "cluster")
         start = time.monotonic()
-        up = subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes", "2",
-                             cls.state], capture_output=True, text=True, timeout=60)
+        up = subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes",
+                             str(cls.nodes), cls.state], capture_output=True, text=True,
+                            timeout=60)
         if up.returncode != 0:
-            raise RuntimeError("slurm-up --nodes 2 failed:\n" + up.stdout + up.stderr)
+            raise RuntimeError(f"slurm-up --nodes {cls.nodes} failed:\n" + up.stdout + up.stderr)
         cls.startup_seconds = time.monotonic() - start
         cls.runs = os.path.join(cls.dir, "runs")
         os.makedirs(cls.runs)
@@ -82,13 +89,13 @@ class TwoNodes(unittest.TestCase):
                               timeout=timeout, env=self.env, cwd=self.dir)
 
     def wait_idle(self, seconds=60):
-        """Both nodes back in service (after a test that cut or killed one)."""
+        """Every node back in service (after a test that cut or killed one)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             states = self.slurm("sinfo", "-h", "-N", "-o", "%t").stdout.split()
-            if states == ["idle", "idle"]:
+            if states == ["idle"] * self.nodes:
                 return
-            for state, node in zip(states, ("node1", "node2")):
+            for state, node in zip(states, (f"node{i + 1}" for i in range(self.nodes))):
                 if "drain" in state or "down" in state:
                     self.slurm("scontrol", "update", f"NodeName={node}", "State=RESUME")
             time.sleep(0.5)
@@ -96,7 +103,8 @@ class TwoNodes(unittest.TestCase):
 
     def srun_train(self, name, *args, ranks_per_node=1, model=("--model", "mlp"), data=None):
         """srun from the root namespace over both nodes, in the background."""
-        command = ["srun", "-N2", f"--ntasks-per-node={ranks_per_node}", "--mpi=pmix", BIN,
+        command = ["srun", f"-N{self.nodes}", f"--ntasks-per-node={ranks_per_node}", "--mpi=pmix",
+                   BIN,
                    "train", "--data", data or self.data, *model, "--global-batch", 96,
                    "--threads", 1, "--shuffle", "none", "--log-every", 0,
                    "--run-log", f"{self.runs}/{name}.h5",
@@ -125,6 +133,11 @@ class TwoNodes(unittest.TestCase):
             time.sleep(0.2)
         process.kill()
         self.fail("no checkpoint appeared: " + process.communicate()[0])
+
+
+@unittest.skipUnless(HAVE and os.geteuid() == 0, NEEDS)
+class TwoNodes(Cluster):
+    nodes = 2
 
     def test_the_job_script_runs_unchanged_on_two_nodes_and_equals_a_single_node_run(self):
         self.wait_idle()
@@ -298,6 +311,52 @@ class TwoNodes(unittest.TestCase):
         self.assertEqual(got_step, int(steps))
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+
+@unittest.skipUnless(HAVE and os.geteuid() == 0, NEEDS)
+class FourNodes(Cluster):
+    nodes = 4
+
+    def test_four_nodes_train_as_pytorch_computes_and_a_cut_node_is_named(self):
+        self.wait_idle()
+        x, y = um.classification_data(480, (1, 8, 8), 4, seed=6)
+        images = um.write_data(os.path.join(self.dir, "images.h5"), x, y, classes=4)
+        model = um.save_scripted(um.ConvBnDropout(dropout=0.0, width=8),
+                                 os.path.join(self.dir, "cbn.pt"))
+        args = ["--lr", 0.1, "--momentum", 0.9]
+        job = self.srun_train("four", "--steps", 3, "--micro-batch", 10, *args, data=images,
+                              model=("--model-file", model))
+        output = self.finish(job, 120)
+        self.assertEqual(job.returncode, 0, output)
+        self.assertIn("4 rank(s) on 4 node(s)", output)
+        with h5py.File(f"{self.runs}/four.h5", "r") as f:
+            self.assertEqual(int(f.attrs["nodes"]), 4)
+            self.assertEqual([text(h) for h in f["ranks/hostname"][:]],
+                             ["node1", "node2", "node3", "node4"])
+        reference = um.reference_steps(model, x, y, world=4, micro_batch=10, global_batch=96,
+                                       steps=3, lr=0.1, momentum=0.9)
+        um.assert_close_to_model(self, f"{self.runs}/four.ckpt.h5", reference)
+
+        # node3's link cut mid-run: the others name it, and only it.
+        self.wait_idle()
+        job = self.srun_train("cut", "--steps", 100000, "--checkpoint-every", 50,
+                              "--collective-timeout", 8, *args, data=images,
+                              model=("--model-file", model))
+        self.wait_for_checkpoint("cut", job)
+        time.sleep(0.5)
+        subprocess.run(["ip", "link", "set", "aa-v3", "down"], check=True)
+        try:
+            output = self.finish(job, 70)
+        finally:
+            subprocess.run(["ip", "link", "set", "aa-v3", "up"], check=True)
+        self.assertEqual(job.returncode, 5, output)
+        lines = [l.replace("\x00", "") for l in output.splitlines() if "collective timeout" in l]
+        self.assertEqual(len(lines), 1, output)
+        self.assertRegex(lines[0], r"collective timeout: MPI_\w+\([^)]*\) did not complete "
+                                   r"within 8 s \(--collective-timeout\): rank 2 on node3 does "
+                                   r"not answer \(process, node or link down\); ranks 0, 1, 3 "
+                                   r"waited; in step \d+ of 100000")
 
 
 if __name__ == "__main__":
