@@ -125,7 +125,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
       hosts_.emplace_back(all.data() + static_cast<std::size_t>(r) * kHostBytes);
     int level = MPI_THREAD_SINGLE;
     check_mpi(MPI_Query_thread(&level), "MPI_Query_thread");
-    if (level == MPI_THREAD_MULTIPLE && size_ > 1) {
+    if (level == MPI_THREAD_MULTIPLE) {
       channel_ = std::make_unique<MpiWatchChannel>(comm_, rank_, size_, hosts_);
       watchdog().attach(channel_.get());
     }
