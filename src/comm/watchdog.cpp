@@ -70,8 +70,8 @@ TimeoutReport tally(int self, const WatchState& mine,
       report.silent.push_back(r);
     else if (answer->collective < 0)
       report.running.push_back(r);
-    else if (answer->collective == mine.collective)
-      report.present.push_back(r);
+    else if (std::abs(answer->collective - mine.collective) <= 1)
+      report.present.push_back(r);  // one collective apart: one of them finished it first
     else
       report.elsewhere.push_back(r);
   }

@@ -31,10 +31,11 @@ using Milliseconds = std::chrono::milliseconds;
 struct TimeoutReport {
   std::string collective;          // e.g. "MPI_Allreduce(float, sum)"
   Milliseconds timeout{0};         // the deadline it passed
-  std::vector<int> present;        // ranks waiting in this collective
+  std::vector<int> present;        // ranks waiting in this collective, the one before or after
+                                   // (a link that fails mid-collective lets some ranks finish it)
   std::vector<int> running;        // ranks that answered from outside any collective
   std::vector<int> silent;         // ranks that did not answer: process, node or link down
-  std::vector<int> elsewhere;      // ranks waiting in a different collective (a bug)
+  std::vector<int> elsewhere;      // ranks waiting in a collective further off (a bug)
   std::vector<std::string> hosts;  // every rank's host, by rank
   std::string context;             // the caller's "in step 12 of 100; last checkpoint ..."
   bool located = true;  // false: no channel to ask (no MPI_THREAD_MULTIPLE); `rank` timed out
