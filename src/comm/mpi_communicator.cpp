@@ -29,7 +29,8 @@ constexpr std::size_t kMaxChunk = static_cast<std::size_t>(INT_MAX);
 constexpr std::size_t kHostBytes = 64;
 
 // The watchdog threads' messages over a private duplicate: "I timed out" and "here I am". Only
-// the watchdog's thread calls it, and only under MPI_THREAD_MULTIPLE.
+// the watchdog's thread calls it, and only under MPI_THREAD_MULTIPLE. Owned by the (not movable)
+// MpiCommunicator whose host names it shares.
 class MpiWatchChannel final : public WatchChannel {
  public:
   MpiWatchChannel(MPI_Comm parent, int rank, int size, const std::vector<std::string>& hosts)
@@ -82,7 +83,7 @@ class MpiWatchChannel final : public WatchChannel {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_, size_;
-  std::vector<std::string> hosts_;
+  const std::vector<std::string>& hosts_;  // the owning communicator's
   std::deque<std::array<std::int64_t, 2>> sent_;
 };
 
