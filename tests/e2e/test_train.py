@@ -342,12 +342,21 @@ class RunLogEndToEnd(Run):
         time.sleep(step_seconds / 4)  # well inside step 2
         sent = time.monotonic()
         job.send_signal(signal.SIGUSR1)
+        # Rank 0 says it stopped once the checkpoint is written. Timed to that line, not to the
+        # job's end: mpirun alone takes another second to end a job whose ranks exit non-zero
+        # (`mpiexec -n 2 sh -c 'exit 4'` takes 1.1 s, `exit 0` 0.1 s).
+        stopped_after = None
+        for line in job.stdout:
+            out.append(line)
+            if line.startswith("autoaccum: stopped by a signal"):
+                stopped_after = time.monotonic() - sent
+                break
         rest, err = job.communicate(timeout=120)
-        stopped_after = time.monotonic() - sent
         out = "".join(out) + rest
         self.assertEqual(job.returncode, 4, out + err)
         self.assertIn("stopped by a signal at step 1 (in step 2, between micro-batches", out)
         # The bound: one micro-batch, the collective and a checkpoint, not the rest of the step.
+        self.assertIsNotNone(stopped_after, out)
         self.assertLess(stopped_after, step_seconds / 2, (stopped_after, step_seconds))
         with h5py.File(checkpoint, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 1)
