@@ -3,14 +3,41 @@
 
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "autoaccum/compat/torch_compat.hpp"
 #include "autoaccum/core/error.hpp"
 
 namespace autoaccum::train {
+namespace {
+
+// One build for every x86-64 CPU, the widest vectors chosen at load time (GCC's function
+// multi-versioning); elsewhere the compiler's own vectorisation.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AUTOACCUM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define AUTOACCUM_VECTOR_CLONES
+#endif
+
+// out[i] += in[i] for bf16 bit patterns: a bf16 value is the upper half of the fp32 one.
+AUTOACCUM_VECTOR_CLONES void add_bf16_into_fp32(float* __restrict out,
+                                                const std::uint16_t* __restrict in,
+                                                std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(in[i]) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    out[i] += value;
+  }
+}
+
+}  // namespace
 
 Precision parse_precision(const std::string& text) {
   if (text == "fp32") return Precision::kFp32;
@@ -90,6 +117,25 @@ CastCacheScope::~CastCacheScope() {
 
 at::Tensor cached_weight_cast(const at::Tensor& weight, c10::ScalarType dtype) {
   return at::autocast::cached_cast(dtype, weight, weight.device().type());
+}
+
+void accumulate_fp32(at::Tensor& accumulated, const at::Tensor& addend) {
+  TORCH_CHECK(accumulated.scalar_type() == at::kFloat, "accumulate_fp32: accumulated is ",
+              accumulated.scalar_type(), ", not Float");
+  TORCH_CHECK(accumulated.sizes() == addend.sizes(), "accumulate_fp32: shapes ",
+              accumulated.sizes(), " and ", addend.sizes(), " differ");
+  if (addend.scalar_type() != at::kBFloat16 || !accumulated.device().is_cpu() ||
+      !addend.device().is_cpu() || !accumulated.is_contiguous() || !addend.is_contiguous()) {
+    accumulated.add_(addend);
+    return;
+  }
+  float* out = accumulated.data_ptr<float>();
+  const auto* in = reinterpret_cast<const std::uint16_t*>(addend.data_ptr<at::BFloat16>());
+  // --threads: split as LibTorch splits its own elementwise work.
+  at::parallel_for(0, accumulated.numel(), at::internal::GRAIN_SIZE,
+                   [&](std::int64_t begin, std::int64_t end) {
+                     add_bf16_into_fp32(out + begin, in + begin, end - begin);
+                   });
 }
 
 bool autocast_enabled(c10::DeviceType device) {

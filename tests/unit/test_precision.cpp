@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdint>
+
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/train/fused_linear.hpp"
 #include "autoaccum/train/loss_scale.hpp"
@@ -93,6 +96,59 @@ TEST(AccumulatingLinear, UnderBf16AutocastEqualsLibTorchsLinearAndKeepsFp32Gradi
   for (int k = 0; k < 3; ++k)
     (accumulating_linear(x.narrow(0, k * 4, 4), w32, b32).tanh() * (k + 1)).sum().backward();
   EXPECT_FALSE(torch::allclose(w.grad(), w32.grad(), 1e-5, 1e-6));
+}
+
+// The vectorised bf16 path against LibTorch's own mixed-dtype add_, bit for bit: random values
+// over many magnitudes, zeros of both signs, subnormals, infinities and NaN; lengths that are
+// not a multiple of any vector width, one that --threads splits; and the fallbacks.
+TEST(AccumulateFp32, AddsBf16IntoFp32ExactlyAsLibTorchsAddDoes) {
+  torch::manual_seed(9);
+  const auto bits_equal = [](const at::Tensor& a, const at::Tensor& b) {
+    return torch::equal(a.view(at::kInt), b.view(at::kInt));
+  };
+  for (const std::int64_t n : {1, 7, 17, 1000, 70001}) {
+    at::Tensor base = torch::randn({n}) * torch::pow(10.0, torch::randint(-40, 30, {n}));
+    at::Tensor addend =
+        (torch::randn({n}) * torch::pow(10.0, torch::randint(-40, 30, {n}))).to(at::kBFloat16);
+    if (n >= 17) {
+      const float specials[] = {0.0f,      -0.0f, 1e-40f, -3e-39f, INFINITY,
+                                -INFINITY, NAN,   1.0f,   -1.0f,   3.0e38f};
+      for (int i = 0; i < 10; ++i) {
+        addend[i] = specials[i];
+        base[i + 7] = specials[9 - i];
+      }
+    }
+    at::Tensor expected = base.clone();
+    expected.add_(addend);
+    at::Tensor accumulated = base.clone();
+    accumulate_fp32(accumulated, addend);
+    EXPECT_TRUE(bits_equal(accumulated, expected)) << "n " << n;
+  }
+  // Two threads split a long one; a 2-D shape; a non-contiguous addend and an fp32 addend take
+  // add_ itself.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  at::Tensor base = torch::randn({512, 784});
+  const at::Tensor addend = torch::randn({512, 784}).to(at::kBFloat16);
+  at::Tensor expected = base.clone(), accumulated = base.clone();
+  expected.add_(addend);
+  accumulate_fp32(accumulated, addend);
+  EXPECT_TRUE(bits_equal(accumulated, expected));
+  at::set_num_threads(threads);
+  const at::Tensor transposed = torch::randn({784, 512}).to(at::kBFloat16).t();
+  expected = base.clone().add_(transposed);
+  accumulated = base.clone();
+  accumulate_fp32(accumulated, transposed);
+  EXPECT_TRUE(bits_equal(accumulated, expected));
+  const at::Tensor fp32 = torch::randn({512, 784});
+  accumulated = base.clone();
+  accumulate_fp32(accumulated, fp32);
+  EXPECT_TRUE(bits_equal(accumulated, base + fp32));
+  // Misuse is refused.
+  at::Tensor half = torch::zeros({3}, at::kBFloat16);
+  EXPECT_THROW(accumulate_fp32(half, torch::zeros({3})), c10::Error);
+  at::Tensor three = torch::zeros({3});
+  EXPECT_THROW(accumulate_fp32(three, torch::zeros({4}, at::kBFloat16)), c10::Error);
 }
 
 TEST(LossScale, HalvesOnOverflowDoublesAfterTheIntervalAndRestores) {

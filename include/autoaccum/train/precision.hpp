@@ -65,6 +65,13 @@ class CastCacheScope {
 // CastCacheScope, or per AutocastScope without one).
 at::Tensor cached_weight_cast(const at::Tensor& weight, c10::ScalarType dtype);
 
+// accumulated += addend, for an fp32 `accumulated` and an `addend` of the same shape in bf16,
+// fp16 or fp32: the values at::Tensor::add_ gives (a bf16 or fp16 value is exact in fp32, so
+// each element is the same one fp32 addition). This is the pass lower precision adds to every
+// micro-batch's weight gradient; for contiguous bf16 on a CPU it runs as a vectorised loop
+// instead of add_'s type-promoting path (docs/design.md, "Precision").
+void accumulate_fp32(at::Tensor& accumulated, const at::Tensor& addend);
+
 // Whether autocast is on for `device` now, and its dtype (the fused linear layer asks).
 bool autocast_enabled(c10::DeviceType device);
 c10::ScalarType autocast_dtype(c10::DeviceType device);
