@@ -29,6 +29,8 @@ import torch.multiprocessing as mp
 def worker(rank, args, results):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(args.port))
+    # PyTorch >= 2.4 asks for a libuv TCP store by default; Debian 13's torch is built without it.
+    os.environ.setdefault("USE_LIBUV", "0")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(0)
