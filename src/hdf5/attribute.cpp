@@ -16,19 +16,6 @@ bool File::has_attribute(const std::string& name) const {
   return H5Aexists(id(), name.c_str()) > 0;
 }
 
-std::int64_t File::read_int_attribute(const std::string& name) const {
-  ErrorSilencer quiet;
-  const std::string where = quoted(path_) + ": attribute '" + name + "'";
-  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
-  Handle type(check(H5Aget_type(attribute.id()), where));
-  if (H5Tget_class(type.id()) != H5T_INTEGER) throw Hdf5Error(where + " is not an integer");
-  Handle space(check(H5Aget_space(attribute.id()), where));
-  if (H5Sget_simple_extent_npoints(space.id()) != 1) throw Hdf5Error(where + " is not a scalar");
-  std::int64_t value = 0;
-  check(H5Aread(attribute.id(), H5T_NATIVE_INT64, &value), where + " cannot be read");
-  return value;
-}
-
 namespace {
 
 std::vector<std::string> read_attribute_strings(hid_t attribute, const std::string& where) {
@@ -120,6 +107,47 @@ void write_string_attribute(hid_t file, const std::string& path, const std::stri
                       pointers.empty() ? &none : pointers.data());
 }
 
+// An attribute as stored, whatever its class: what attribute_value, describe_attribute and
+// read_int_attribute each pick from. Integers are read as int64, floats as double.
+struct RawAttribute {
+  H5T_class_t kind = H5T_NO_CLASS;
+  bool scalar = false;  // a scalar dataspace (not a one-element array)
+  std::size_t count = 0;
+  std::vector<std::int64_t> integers;
+  std::vector<double> floats;
+  std::vector<std::string> strings;
+};
+
+RawAttribute read_raw_attribute(hid_t object, const std::string& name, const std::string& where) {
+  Handle attribute(check(H5Aopen(object, name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
+  Handle type(check(H5Aget_type(attribute.id()), where));
+  Handle space(check(H5Aget_space(attribute.id()), where));
+  RawAttribute raw;
+  raw.kind = H5Tget_class(type.id());
+  raw.scalar = H5Sget_simple_extent_type(space.id()) == H5S_SCALAR;
+  raw.count = static_cast<std::size_t>(check(H5Sget_simple_extent_npoints(space.id()), where));
+  switch (raw.kind) {
+    case H5T_INTEGER:
+      raw.integers.resize(raw.count);
+      if (raw.count > 0)
+        check(H5Aread(attribute.id(), H5T_NATIVE_INT64, raw.integers.data()),
+              where + " cannot be read");
+      break;
+    case H5T_FLOAT:
+      raw.floats.resize(raw.count);
+      if (raw.count > 0)
+        check(H5Aread(attribute.id(), H5T_NATIVE_DOUBLE, raw.floats.data()),
+              where + " cannot be read");
+      break;
+    case H5T_STRING:
+      raw.strings = read_attribute_strings(attribute.id(), where);
+      break;
+    default:
+      break;
+  }
+  return raw;
+}
+
 }  // namespace
 
 void File::write_attribute(const std::string& name, const std::string& value) {
@@ -130,29 +158,29 @@ void File::write_attribute(const std::string& name, const std::vector<std::strin
   write_string_attribute(id(), path_, name, values, /*scalar=*/false);
 }
 
+std::int64_t File::read_int_attribute(const std::string& name) const {
+  ErrorSilencer quiet;
+  const std::string where = quoted(path_) + ": attribute '" + name + "'";
+  const RawAttribute raw = read_raw_attribute(id(), name, where);
+  if (raw.kind != H5T_INTEGER) throw Hdf5Error(where + " is not an integer");
+  if (raw.count != 1) throw Hdf5Error(where + " is not a scalar");
+  return raw.integers.front();
+}
+
 AttributeValue File::attribute_value(const std::string& name) const {
   ErrorSilencer quiet;
   const std::string where = quoted(path_) + ": attribute '" + name + "'";
-  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
-  Handle type(check(H5Aget_type(attribute.id()), where));
-  Handle space(check(H5Aget_space(attribute.id()), where));
-  const bool scalar = H5Sget_simple_extent_type(space.id()) == H5S_SCALAR;
-  switch (H5Tget_class(type.id())) {
+  RawAttribute raw = read_raw_attribute(id(), name, where);
+  switch (raw.kind) {
     case H5T_INTEGER:
-      if (H5Sget_simple_extent_npoints(space.id()) == 1) return read_int_attribute(name);
+      if (raw.count == 1) return raw.integers.front();
       break;
     case H5T_FLOAT:
-      if (H5Sget_simple_extent_npoints(space.id()) == 1) {
-        double value = 0;
-        check(H5Aread(attribute.id(), H5T_NATIVE_DOUBLE, &value), where + " cannot be read");
-        return value;
-      }
+      if (raw.count == 1) return raw.floats.front();
       break;
-    case H5T_STRING: {
-      auto values = read_attribute_strings(attribute.id(), where);
-      if (scalar && values.size() == 1) return values.front();
-      return values;
-    }
+    case H5T_STRING:
+      if (raw.scalar && raw.strings.size() == 1) return raw.strings.front();
+      return std::move(raw.strings);
     default:
       break;
   }
@@ -179,10 +207,7 @@ std::vector<std::string> File::attribute_names() const {
 std::string File::describe_attribute(const std::string& name) const {
   ErrorSilencer quiet;
   const std::string where = quoted(path_) + ": attribute '" + name + "'";
-  Handle attribute(check(H5Aopen(id(), name.c_str(), H5P_DEFAULT), where + " cannot be opened"));
-  Handle type(check(H5Aget_type(attribute.id()), where));
-  Handle space(check(H5Aget_space(attribute.id()), where));
-  const auto count = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space.id()));
+  const RawAttribute raw = read_raw_attribute(id(), name, where);
   std::ostringstream out;
   auto list = [&](const auto& values) {
     if (values.size() != 1) out << "[";
@@ -190,24 +215,18 @@ std::string File::describe_attribute(const std::string& name) const {
       out << (i ? ", " : "") << values[i];
     if (values.size() != 1) out << "]";
   };
-  switch (H5Tget_class(type.id())) {
-    case H5T_INTEGER: {
-      std::vector<std::int64_t> values(count);
-      check(H5Aread(attribute.id(), H5T_NATIVE_INT64, values.data()), where);
-      list(values);
+  switch (raw.kind) {
+    case H5T_INTEGER:
+      list(raw.integers);
       break;
-    }
-    case H5T_FLOAT: {
-      std::vector<double> values(count);
-      check(H5Aread(attribute.id(), H5T_NATIVE_DOUBLE, values.data()), where);
-      list(values);
+    case H5T_FLOAT:
+      list(raw.floats);
       break;
-    }
     case H5T_STRING:
-      list(read_attribute_strings(attribute.id(), where));
+      list(raw.strings);
       break;
     default:
-      out << "(" << count << " value(s) of an unsupported type)";
+      out << "(" << raw.count << " value(s) of an unsupported type)";
   }
   return out.str();
 }
