@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
+#include <sstream>
 
 #include "autoaccum/compat/torch_compat.hpp"
 #include "autoaccum/core/error.hpp"
@@ -144,6 +146,27 @@ bool autocast_enabled(c10::DeviceType device) {
 
 c10::ScalarType autocast_dtype(c10::DeviceType device) {
   return compat::autocast_state(device).dtype;
+}
+
+std::string describe_precision(Precision precision, bool on_gpu, double gemm_speedup,
+                               const std::string& probe_failure) {
+  const std::string lower = precision == Precision::kFp16 ? "fp16" : "bf16";
+  std::ostringstream speedup;
+  speedup << std::fixed << std::setprecision(1) << gemm_speedup << "x";
+  const std::string where = on_gpu ? "this GPU's " : "this CPU's ";
+  if (precision == Precision::kFp32) {
+    if (gemm_speedup < 1.5) return "precision fp32";
+    return "precision fp32 (" + where + "bf16 matrix products run " + speedup.str() +
+           " as fast: --precision bf16 may train faster)";
+  }
+  std::string line = std::string("precision ") + to_string(precision) +
+                     ": forward and loss under autocast, parameters and gradients fp32; ";
+  if (!probe_failure.empty())
+    return line + "the " + lower + " probe failed on this device: " + probe_failure;
+  line += where + lower + " matrix products run " + speedup.str() + " as fast as fp32's";
+  if (gemm_speedup < 1.5)
+    line += " (no fast " + lower + " here: expect little speed-up, only memory)";
+  return line;
 }
 
 double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64_t n) {

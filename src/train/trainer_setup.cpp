@@ -470,34 +470,15 @@ void Trainer::State::announce() {
          << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
          << "; memory limit " << memory_limit_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
-  const char* lower = options.precision == Precision::kFp16 ? "fp16" : "bf16";
-  std::ostringstream speedup;
-  speedup << std::fixed << std::setprecision(1) << lower_gemm_speedup << "x";
-  const std::string where = context.use_cuda ? "this GPU's " : "this CPU's ";
-  if (options.precision == Precision::kFp32) {
-    banner << "\nautoaccum: precision fp32";
-    if (lower_gemm_speedup >= 1.5) {
-      banner << " (" << where << "bf16 matrix products run " << speedup.str()
-             << " as fast: --precision bf16 may train faster)";
-    }
-  } else {
-    banner << "\nautoaccum: precision " << to_string(options.precision)
-           << ": forward and loss under autocast, parameters and gradients fp32; ";
-    if (!gemm_probe_failure.empty()) {
-      banner << "the " << lower << " probe failed on this device: " << gemm_probe_failure;
-    } else {
-      banner << where << lower << " matrix products run " << speedup.str() << " as fast as fp32's"
-             << (lower_gemm_speedup < 1.5 ? " (no fast " + std::string(lower) +
-                                                " here: expect little speed-up, only memory)"
-                                          : std::string());
-    }
-    if (loss_scale.enabled()) {
-      banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
-             << ", halved on every rank when the gradients overflow, doubled after "
-             << LossScale::kGrowthInterval << " clean steps";
-      if (!context.use_cuda)
-        banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
-    }
+  banner << "\nautoaccum: "
+         << describe_precision(options.precision, context.use_cuda, lower_gemm_speedup,
+                               gemm_probe_failure);
+  if (loss_scale.enabled()) {
+    banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
+           << ", halved on every rank when the gradients overflow, doubled after "
+           << LossScale::kGrowthInterval << " clean steps";
+    if (!context.use_cuda)
+      banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
   }
   if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
   for (const auto& slow : options.inject_slow) {

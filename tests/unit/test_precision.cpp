@@ -98,6 +98,26 @@ TEST(AccumulatingLinear, UnderBf16AutocastEqualsLibTorchsLinearAndKeepsFp32Gradi
   EXPECT_FALSE(torch::allclose(w.grad(), w32.grad(), 1e-5, 1e-6));
 }
 
+TEST(Precision, TheBannerLineSaysWhatRunsInWhichPrecisionAndWhatTheProbeFound) {
+  EXPECT_EQ(describe_precision(Precision::kFp32, false, 1.2, ""), "precision fp32");
+  EXPECT_EQ(describe_precision(Precision::kFp32, false, 3.94, ""),
+            "precision fp32 (this CPU's bf16 matrix products run 3.9x as fast: --precision bf16 "
+            "may train faster)");
+  EXPECT_EQ(describe_precision(Precision::kBf16, false, 4.0, ""),
+            "precision bf16: forward and loss under autocast, parameters and gradients fp32; "
+            "this CPU's bf16 matrix products run 4.0x as fast as fp32's");
+  EXPECT_EQ(describe_precision(Precision::kBf16, false, 1.1, ""),
+            "precision bf16: forward and loss under autocast, parameters and gradients fp32; "
+            "this CPU's bf16 matrix products run 1.1x as fast as fp32's (no fast bf16 here: "
+            "expect little speed-up, only memory)");
+  EXPECT_EQ(describe_precision(Precision::kFp16, true, 12.5, ""),
+            "precision fp16: forward and loss under autocast, parameters and gradients fp32; "
+            "this GPU's fp16 matrix products run 12.5x as fast as fp32's");
+  EXPECT_EQ(describe_precision(Precision::kBf16, true, 0, "CUDA error: no kernel image"),
+            "precision bf16: forward and loss under autocast, parameters and gradients fp32; "
+            "the bf16 probe failed on this device: CUDA error: no kernel image");
+}
+
 // The vectorised bf16 path against LibTorch's own mixed-dtype add_, bit for bit: random values
 // over many magnitudes, zeros of both signs, subnormals, infinities and NaN; lengths that are
 // not a multiple of any vector width, one that --threads splits; and the fallbacks.

@@ -76,6 +76,12 @@ void accumulate_fp32(at::Tensor& accumulated, const at::Tensor& addend);
 bool autocast_enabled(c10::DeviceType device);
 c10::ScalarType autocast_dtype(c10::DeviceType device);
 
+// The banner's precision line (without the "autoaccum: " prefix): the precision, what runs in
+// it, and what the probe found (`gemm_speedup`, or `probe_failure` when it threw). An fp32 run
+// on a device whose bf16 products are 1.5x faster or more gets a hint to try bf16.
+std::string describe_precision(Precision precision, bool on_gpu, double gemm_speedup,
+                               const std::string& probe_failure);
+
 // A short probe of this device's matrix products: how many times faster an n x n x n product
 // runs in `dtype` than in fp32 (a few milliseconds, a few MiB freed at the end; run it before a
 // CPU memory budget applies). Tells the banner whether bf16 pays on this machine.
