@@ -3,6 +3,7 @@
 #include <string>
 
 #include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/distinct_paths.hpp"
 #include "autoaccum/train/export.hpp"
 #include "commands.hpp"
 
@@ -25,6 +26,9 @@ Command export_command() {
     comm::collectively(world, [&] {
       if (world.rank() != 0) return;  // one writer
       const std::string out = vm["out"].as<std::string>();
+      core::check_outputs_apart({{"--checkpoint", vm["checkpoint"].as<std::string>()},
+                                 {"--model-file", vm["model-file"].as<std::string>()}},
+                                {{"--out", out}});
       const auto summary = train::export_scripted(vm["checkpoint"].as<std::string>(),
                                                   vm["model-file"].as<std::string>(), out);
       std::cout << "exported " << summary.tensors << " tensors from step " << summary.step << " to "

@@ -13,6 +13,7 @@
 #include <iterator>
 
 #include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/distinct_paths.hpp"
 #include "autoaccum/core/splitmix.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
 
@@ -111,14 +112,24 @@ IdxArray read_idx(const std::string& path) {
 
 std::vector<std::string> import_fashion_mnist(const std::string& source_dir,
                                               const std::string& out_dir) {
-  ensure_directory(out_dir);
   struct Split {
     const char* prefix;
     const char* out;
   };
+  const Split splits[] = {Split{"train", "fashion-mnist-train.h5"},
+                          Split{"t10k", "fashion-mnist-test.h5"}};
+  {
+    std::vector<core::NamedPath> inputs, outputs;
+    for (const Split split : splits) {
+      for (const char* kind : {"-images-idx3-ubyte.gz", "-labels-idx1-ubyte.gz"})
+        inputs.push_back({"--source", source_dir + "/" + split.prefix + kind});
+      outputs.push_back({"--out", out_dir + "/" + split.out});
+    }
+    core::check_outputs_apart(inputs, outputs);
+  }
+  ensure_directory(out_dir);
   std::vector<std::string> written;
-  for (const Split split :
-       {Split{"train", "fashion-mnist-train.h5"}, Split{"t10k", "fashion-mnist-test.h5"}}) {
+  for (const Split split : splits) {
     const std::string images_path = source_dir + "/" + split.prefix + "-images-idx3-ubyte.gz";
     const std::string labels_path = source_dir + "/" + split.prefix + "-labels-idx1-ubyte.gz";
     const IdxArray images = read_idx(images_path);
@@ -248,6 +259,14 @@ TextImport import_text(const TextOptions& o) {
   }
   const std::int64_t val = std::max<std::int64_t>(
       1, static_cast<std::int64_t>(static_cast<double>(windows) * o.validation_fraction));
+  const std::vector<std::string> outputs = {o.out_dir + "/text-train.h5",
+                                            o.out_dir + "/text-val.h5"};
+  {
+    std::vector<core::NamedPath> inputs;
+    for (const auto& path : files)
+      inputs.push_back({"import text source", path});
+    core::check_outputs_apart(inputs, {{"--out", outputs[0]}, {"--out", outputs[1]}});
+  }
   ensure_directory(o.out_dir);
   TextImport result;
   result.bytes = total;
@@ -256,7 +275,7 @@ TextImport import_text(const TextOptions& o) {
   const std::string source =
       files.size() == 1 ? files.front()
                         : files.front() + " (+" + std::to_string(files.size() - 1) + " files)";
-  result.paths = {o.out_dir + "/text-train.h5", o.out_dir + "/text-val.h5"};
+  result.paths = outputs;
   write_windows(result.paths[0], bytes, 0, result.train_rows, o.context, source);
   write_windows(result.paths[1], bytes, result.train_rows, val, o.context, source);
   return result;

@@ -6,13 +6,35 @@
 
 namespace autoaccum::train {
 
+void write_exact(double value, float* slots) noexcept {
+  const float high = static_cast<float>(value);
+  if (!std::isfinite(high)) {  // NaN, Inf, or beyond float's range: the high slot says so
+    slots[0] = std::isnan(value) ? high : static_cast<float>(std::copysign(HUGE_VAL, value));
+    slots[1] = slots[2] = 0.0f;
+    return;
+  }
+  const double rest = value - static_cast<double>(high);  // exact in double
+  const float middle = static_cast<float>(rest);
+  slots[0] = high;
+  slots[1] = middle;
+  slots[2] = static_cast<float>(rest - static_cast<double>(middle));
+}
+
+double read_exact(const float* slots) noexcept {
+  if (!std::isfinite(slots[0])) return static_cast<double>(slots[0]);
+  return static_cast<double>(slots[0]) + static_cast<double>(slots[1]) +
+         static_cast<double>(slots[2]);
+}
+
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control) {
   control[layout.oom(rank)] = report.out_of_memory ? 1.0f : 0.0f;
-  control[layout.peak_kib(rank)] = static_cast<float>(report.peak_bytes / 1024);
   control[layout.phase(rank)] = static_cast<float>(report.phase);
+  control[layout.compute_seconds(rank)] = static_cast<float>(report.compute_seconds);
+  write_exact(static_cast<double>(report.peak_bytes), control + layout.peak_bytes(rank));
+  write_exact(report.loss_sum, control + layout.loss(rank));
+  write_exact(report.weight, control + layout.weight(rank));
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
   control[layout.abandoned()] = report.abandoned ? 1.0f : 0.0f;
-  control[layout.compute_seconds(rank)] = static_cast<float>(report.compute_seconds);
 }
 
 const char* phase_name(AttemptPhase phase) noexcept {
@@ -34,15 +56,17 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
   StepOutcome outcome;
   for (int r = 0; r < layout.world; ++r) {
     if (reduced[layout.oom(r)] > 0.5f) outcome.out_of_memory.push_back(r);
-    outcome.peak_bytes.push_back(static_cast<std::int64_t>(reduced[layout.peak_kib(r)]) * 1024);
+    outcome.peak_bytes.push_back(
+        static_cast<std::int64_t>(read_exact(reduced + layout.peak_bytes(r))));
     outcome.phases.push_back(
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
     outcome.compute_seconds.push_back(static_cast<double>(reduced[layout.compute_seconds(r)]));
+    // In rank order, in double: the same sum on every rank, exact for counts below 2^53.
+    outcome.loss_sum += read_exact(reduced + layout.loss(r));
+    outcome.weight += read_exact(reduced + layout.weight(r));
   }
   outcome.stop = reduced[layout.stop()] > 0.5f;
   outcome.abandoned = reduced[layout.abandoned()] > 0.5f;
-  outcome.loss_sum = reduced[layout.loss()];
-  outcome.weight = reduced[layout.weight()];
   outcome.loss = outcome.weight > 0 ? outcome.loss_sum / outcome.weight : 0.0;
   return outcome;
 }

@@ -143,8 +143,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
                       [&](const auto& i) { return i.rank == rank && i.step == step; }))
         scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
       scaled.backward();
-      local_loss = local_loss.defined() ? local_loss + terms.sum.detach() : terms.sum.detach();
-      local_weight = local_weight.defined() ? local_weight + terms.weight : terms.weight;
+      // Summed in double: a rank's count of tokens may pass 2^24.
+      const at::Tensor loss_term = terms.sum.detach().to(at::kDouble);
+      const at::Tensor weight_term = terms.weight.to(at::kDouble);
+      local_loss = local_loss.defined() ? local_loss + loss_term : loss_term;
+      local_weight = local_weight.defined() ? local_weight + weight_term : weight_term;
       if (slow_factor != 1.0) {
         // --inject-slow: as if this rank's hardware were `slow_factor` times slower per row.
         std::this_thread::sleep_for(
@@ -174,10 +177,21 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
       control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
+    // On the device, without a host synchronisation: the values' exact float pieces
+    // (write_exact's, for finite values in float's range).
     at::Tensor slots = reduce->view(control_region);
-    slots.narrow(0, static_cast<std::int64_t>(control.loss()), 1).copy_(local_loss.reshape({1}));
-    slots.narrow(0, static_cast<std::int64_t>(control.weight()), 1)
-        .copy_(local_weight.reshape({1}));
+    const auto exact_pieces = [](const at::Tensor& value) {
+      const at::Tensor v = value.reshape({1});
+      const at::Tensor high = v.to(at::kFloat);
+      const at::Tensor rest = v - high.to(at::kDouble);
+      const at::Tensor middle = rest.to(at::kFloat);
+      return at::cat({high, middle, (rest - middle.to(at::kDouble)).to(at::kFloat)});
+    };
+    const auto pieces = static_cast<std::int64_t>(kExactSlots);
+    slots.narrow(0, static_cast<std::int64_t>(control.loss(rank)), pieces)
+        .copy_(exact_pieces(local_loss));
+    slots.narrow(0, static_cast<std::int64_t>(control.weight(rank)), pieces)
+        .copy_(exact_pieces(local_weight));
   }
 
   // On a GPU, NCCL's stream waits for the backward pass through an event: the time below

@@ -23,6 +23,7 @@
 #include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/console.hpp"
+#include "autoaccum/core/distinct_paths.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/core/output_lock.hpp"
 #include "autoaccum/data/batch_plan.hpp"
@@ -152,11 +153,22 @@ void Trainer::State::take_outputs() {
   // taken over with a warning.
   comm::collectively(comm, [&] {
     if (!root) return;
+    // No output may be an input or the other output (a link to it counts).
+    std::vector<core::NamedPath> inputs;
+    for (const auto& path : data::expand_data_paths(options.data))
+      inputs.push_back({"--data", path});
+    if (!options.val_data.empty()) {
+      for (const auto& path : data::expand_data_paths(options.val_data, "--val-data"))
+        inputs.push_back({"--val-data", path});
+    }
+    inputs.push_back({"--model-file", options.model_file});
+    core::check_outputs_apart(
+        inputs, {{"--run-log", options.run_log}, {"--checkpoint", options.checkpoint}});
     if (!options.run_log.empty()) check_writable_file("--run-log", options.run_log);
     if (!options.checkpoint.empty()) check_writable_file("--checkpoint", options.checkpoint);
     if (!options.run_log.empty())
       locks.push_back(std::make_unique<OutputLock>("--run-log", options.run_log));
-    if (!options.checkpoint.empty() && options.checkpoint != options.run_log)
+    if (!options.checkpoint.empty())
       locks.push_back(std::make_unique<OutputLock>("--checkpoint", options.checkpoint));
   });
   for (const auto& lock : locks) {
@@ -278,6 +290,16 @@ void Trainer::State::build_model() {
   // A file saved after model.eval() would otherwise train with dropout off and BatchNorm frozen.
   model->set_training(true);
   parameters = model->parameter_set();
+  // Every rank loaded the same file, so every rank reaches this verdict without a word.
+  if (parameters.trainable_elements == 0) {
+    const std::string why =
+        parameters.frozen_elements > 0
+            ? "all " + std::to_string(parameters.frozen_elements) +
+                  " of its parameter elements have requires_grad=False"
+            : "it has no parameters (a file saved with torch.jit.freeze holds its weights as "
+              "constants; save torch.jit.script(model) without freeze)";
+    throw CollectiveError(model_name() + ": nothing to train: " + why, ExitCode::kUsage, 0);
+  }
   comm::collectively(comm,
                      [&] { model_state = std::make_unique<ModelState>(*model, context.device); });
 }

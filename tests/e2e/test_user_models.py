@@ -226,6 +226,27 @@ class UserModels(TempDirTest):
         r = self.train(2, missing, self.data, "--global-batch", 48, "--steps", 1)
         self.assert_one_line_error(r, missing, "does not exist")
 
+    def test_a_model_with_nothing_to_train_is_one_line_at_start(self):
+        # Every parameter frozen, or a torch.jit.freeze'd file (its weights are constants):
+        # autoaccum used to fail at step 0 with "element 0 of tensors does not require grad",
+        # exit 2 and MPI's abort banner.
+        frozen = um.Tied()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        all_frozen = um.save_scripted(frozen, self.path("all-frozen.pt"))
+        torch.manual_seed(0)
+        freezed = self.path("freezed.pt")
+        torch.jit.freeze(torch.jit.script(um.Tied().eval())).save(freezed)
+        checkpoint = self.path("nothing.h5")
+        for model, needles in ((all_frozen, ["requires_grad=False", "nothing to train"]),
+                               (freezed, ["no parameters", "torch.jit.freeze"])):
+            with self.subTest(model=model):
+                r = self.train(2, model, self.data, "--global-batch", 48, "--steps", 1,
+                               "--checkpoint", checkpoint)
+                self.assert_one_line_error(r, model, *needles)
+                self.assertNotIn("MPI_ABORT", r.stderr + r.stdout)
+                self.assertFalse(os.path.exists(checkpoint))
+
     def test_validation_labels_outside_the_training_classes_fail_at_start(self):
         model = um.save_scripted(um.Tied, self.path("tied-val.pt"))
         x, y = um.classification_data(20, (8,), 5, seed=3)

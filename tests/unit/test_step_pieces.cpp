@@ -4,11 +4,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include "autoaccum/train/model.hpp"
 #include "autoaccum/train/model_state.hpp"
+#include "autoaccum/train/optimizer_step.hpp"
 #include "autoaccum/train/reduce_layout.hpp"
 #include "autoaccum/train/step_agreement.hpp"
 
@@ -34,13 +36,14 @@ TEST(ReduceLayout, RegionsFollowEachOtherAndNamesAreUnique) {
 
 // Sums per-rank control arrays as the all-reduce would.
 std::vector<float> reduce(const ControlLayout& layout, const std::vector<RankReport>& reports,
-                          const std::vector<float>& losses, float weight_per_rank = 0.5f) {
+                          const std::vector<double>& losses, double weight_per_rank = 0.5) {
   std::vector<float> sum(static_cast<std::size_t>(layout.count()), 0.0f);
   for (int r = 0; r < layout.world; ++r) {
     std::vector<float> mine(sum.size(), 0.0f);
-    write_report(layout, r, reports[static_cast<std::size_t>(r)], mine.data());
-    mine[layout.loss()] = losses[static_cast<std::size_t>(r)];
-    mine[layout.weight()] = weight_per_rank;
+    RankReport report = reports[static_cast<std::size_t>(r)];
+    report.loss_sum = losses[static_cast<std::size_t>(r)];
+    report.weight = weight_per_rank;
+    write_report(layout, r, report, mine.data());
     for (std::size_t i = 0; i < sum.size(); ++i)
       sum[i] += mine[i];
   }
@@ -74,7 +77,7 @@ TEST(StepAgreement, SuccessWhenNoRankRanOut) {
   EXPECT_TRUE(outcome.succeeded());
   EXPECT_FALSE(outcome.stop);
   EXPECT_DOUBLE_EQ(outcome.loss, 6.0 / 1.5);
-  const auto nothing_counted = reduce(layout, reports, {0, 0, 0}, 0.0f);
+  const auto nothing_counted = reduce(layout, reports, {0, 0, 0}, 0.0);
   EXPECT_EQ(agree_on_step(layout, nothing_counted.data()).loss, 0.0) << "no division by zero";
   EXPECT_EQ(outcome.peak_bytes, (std::vector<std::int64_t>{0, 0, 7 << 10}));
   EXPECT_EQ(outcome.phases_text(), "");
@@ -84,6 +87,45 @@ TEST(StepAgreement, SuccessWhenNoRankRanOut) {
   const auto failed = reduce(layout, one, {0, 0, 0});
   EXPECT_EQ(agree_on_step(layout, failed.data()).phases_text(), " in backward");
   EXPECT_EQ(agree_on_step(layout, failed.data()).ranks_text(), "rank 0");
+}
+
+TEST(StepAgreement, CountsAndLossSumsStayExactPastFloatPrecision) {
+  // LLM global batches count millions of tokens: 2^24 + 1 is the first count a float32 slot
+  // cannot hold, and a loss sum keeps its double bits.
+  for (const int world : {1, 3, 64}) {
+    const ControlLayout layout{world};
+    const std::vector<RankReport> reports(static_cast<std::size_t>(world));
+    std::vector<double> losses;
+    for (int r = 0; r < world; ++r)
+      losses.push_back(1e8 / 3.0 + r * 1e-3);
+    const double tokens = 16777217.0;
+    const auto reduced = reduce(layout, reports, losses, tokens);
+    const StepOutcome outcome = agree_on_step(layout, reduced.data());
+    double loss_sum = 0;
+    for (double l : losses)
+      loss_sum += l;
+    EXPECT_EQ(outcome.weight, tokens * world) << "world " << world;
+    EXPECT_EQ(outcome.loss_sum, loss_sum) << "world " << world;
+    EXPECT_EQ(outcome.loss, loss_sum / (tokens * world));
+  }
+  // Peaks past 16 GiB to the byte, and the pieces of awkward values.
+  const ControlLayout layout{2};
+  std::vector<RankReport> reports(2);
+  reports[1].peak_bytes = (std::int64_t{80} << 30) + 12345;
+  EXPECT_EQ(agree_on_step(layout, reduce(layout, reports, {0, 0}).data()).peak_bytes[1],
+            reports[1].peak_bytes);
+  for (const double value : {0.0, -0.0, 1.0 / 3.0, -7e-20, 123456789.123456789, 3.0e38, 1e300,
+                             -HUGE_VAL, std::nan("")}) {
+    float slots[kExactSlots];
+    write_exact(value, slots);
+    const double back = read_exact(slots);
+    if (std::isnan(value))
+      EXPECT_TRUE(std::isnan(back));
+    else if (std::abs(value) > 3.5e38)
+      EXPECT_EQ(back, std::copysign(HUGE_VAL, value)) << "beyond float: infinite, not finite";
+    else
+      EXPECT_EQ(back, value);
+  }
 }
 
 TEST(StepAgreement, OneRankThatStoppedBetweenMicroBatchesDropsTheStepEverywhere) {
@@ -221,3 +263,27 @@ TEST(TorchErrorSummary, KeepsTheInterpretersLastLine) {
 
 }  // namespace
 }  // namespace autoaccum::train
+
+TEST(SquareSum, SameBitsAtEveryThreadCountAndNonFiniteWhenAnElementIs) {
+  // Gradient clipping and the non-finite check decide from this on every rank: ranks with other
+  // thread counts must reach the same bits (LibTorch's norm() does not, in the last bits).
+  const int threads = at::get_num_threads();
+  torch::manual_seed(7);
+  const at::Tensor values = torch::randn({3 * (1 << 16) + 37}) * 1e3;
+  at::set_num_threads(1);
+  const double one = autoaccum::train::square_sum(values);
+  at::set_num_threads(4);
+  const double four = autoaccum::train::square_sum(values);
+  at::set_num_threads(threads);
+  EXPECT_EQ(one, four);
+  const double reference = values.to(at::kDouble).square().sum().item<double>();
+  EXPECT_NEAR(one, reference, 1e-12 * reference);
+  EXPECT_EQ(autoaccum::train::square_sum(torch::zeros({0})), 0.0);
+  at::Tensor bad = values.clone();
+  bad[12345] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(std::isfinite(autoaccum::train::square_sum(bad)));
+  bad[12345] = std::nanf("");
+  EXPECT_TRUE(std::isnan(autoaccum::train::square_sum(bad)));
+  const at::Tensor huge = torch::full({1 << 16}, std::numeric_limits<float>::max());
+  EXPECT_TRUE(std::isfinite(autoaccum::train::square_sum(huge))) << "no overflow in double";
+}

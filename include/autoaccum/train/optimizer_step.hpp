@@ -16,6 +16,14 @@ class Optimizer;
 
 namespace autoaccum::train {
 
+// The sum of the squares of `values` (float32), the same to the bit on every rank whatever its
+// thread count, vector width or FMA: each square of a float is exact in double, fixed blocks are
+// summed in a fixed order (each by one thread) and the blocks' sums in block order. It cannot
+// overflow (2^31 squares of the largest float stay below 1e87), so it is non-finite exactly
+// when an element is NaN or Inf. Other dtypes and devices: LibTorch's double reduction (equal
+// on equal devices).
+double square_sum(const at::Tensor& values);
+
 class OptimizerStep {
  public:
   // The optimizer (--optimizer sgd|adamw) over the trainable parameters only. Its state
@@ -30,7 +38,8 @@ class OptimizerStep {
   // `gradients`: the reduced gradient region (the views the parameters' .grad() alias). A NaN
   // or Inf in the loss or any gradient (seen identically by every rank) skips the update with
   // --on-nonfinite skip, else asks the run to stop. Otherwise clips by global norm
-  // (--clip-grad-norm) and steps at `lr`.
+  // (--clip-grad-norm) and steps at `lr`. Both decisions come from square_sum, so every rank
+  // takes them alike, bit for bit: replicas cannot drift apart through them.
   Result apply(const at::Tensor& gradients, double loss, double lr);
 
   std::string save() const;                                        // LibTorch's archive, as bytes

@@ -11,35 +11,45 @@ namespace autoaccum::train {
 enum class AttemptPhase : int { kNone = 0, kForward = 1, kLoss = 2, kBackward = 3, kBuffers = 4 };
 const char* phase_name(AttemptPhase phase) noexcept;  // "forward", "backward", ...
 
+// A double carried exactly by float32 slots: three floats whose sum, taken in double, is the
+// value (53 bits of mantissa in three pieces of 24). A slot that only one rank writes arrives
+// unchanged through a sum over ranks (x + 0 = x), so counts and loss sums stay exact at any
+// size (a float slot stops counting exactly at 2^24 tokens) and are added up in double, in rank
+// order, by every rank alike.
+constexpr std::size_t kExactSlots = 3;
+void write_exact(double value, float* slots) noexcept;
+double read_exact(const float* slots) noexcept;
+
 // The control region of the step's all-reduce: what each rank contributes besides gradients.
-// Every slot is summed over the ranks, so a per-rank value has a slot per rank that only that
-// rank writes.
+// Every slot is summed over the ranks, so a per-rank value has a slot (or kExactSlots) per rank
+// that only that rank writes.
 struct ControlLayout {
   int world = 1;
-  std::size_t oom(int rank) const { return static_cast<std::size_t>(rank); }  // 1: it ran out
-  std::size_t peak_kib(int rank) const {  // its peak memory in the attempt, KiB
-    return static_cast<std::size_t>(world + rank);
-  }
-  std::size_t phase(int rank) const {  // where it ran out (AttemptPhase)
-    return static_cast<std::size_t>(2 * world + rank);
-  }
-  std::size_t loss() const { return static_cast<std::size_t>(3 * world); }  // summed loss
-  std::size_t weight() const {  // summed count of what the loss counted (rows, tokens)
-    return static_cast<std::size_t>(3 * world + 1);
-  }
-  std::size_t stop() const { return static_cast<std::size_t>(3 * world + 2); }  // signals
-  // Ranks that left micro-batches undone because a stop signal came between two of them.
-  std::size_t abandoned() const { return static_cast<std::size_t>(3 * world + 3); }
+  std::size_t oom(int rank) const { return index(0, rank); }    // 1: it ran out
+  std::size_t phase(int rank) const { return index(1, rank); }  // where (AttemptPhase)
   // Seconds the rank spent computing its part of the attempt (before the collective): the
   // speeds --balance throughput shares the batch by.
-  std::size_t compute_seconds(int rank) const {
-    return static_cast<std::size_t>(3 * world + 4 + rank);
+  std::size_t compute_seconds(int rank) const { return index(2, rank); }
+  // Exact values (kExactSlots each): its peak memory in the attempt in bytes, its summed loss
+  // and the count of what that loss counted (rows, tokens).
+  std::size_t peak_bytes(int rank) const { return exact(0, rank); }
+  std::size_t loss(int rank) const { return exact(1, rank); }
+  std::size_t weight(int rank) const { return exact(2, rank); }
+  std::size_t stop() const { return exact(3, 0); }  // signals
+  // Ranks that left micro-batches undone because a stop signal came between two of them.
+  std::size_t abandoned() const { return stop() + 1; }
+  std::int64_t count() const { return static_cast<std::int64_t>(abandoned()) + 1; }
+
+ private:
+  std::size_t index(int field, int rank) const {
+    return static_cast<std::size_t>(field * world + rank);
   }
-  std::int64_t count() const { return 4 * world + 4; }
+  std::size_t exact(int field, int rank) const {
+    return index(3, 0) + kExactSlots * static_cast<std::size_t>(field * world + rank);
+  }
 };
 
-// What one rank reports at the end of an attempt (the loss sum and its weight travel apart, as
-// device values).
+// What one rank reports at the end of an attempt.
 struct RankReport {
   bool out_of_memory = false;
   AttemptPhase phase = AttemptPhase::kNone;
@@ -47,6 +57,10 @@ struct RankReport {
   bool stop_requested = false;
   bool abandoned = false;  // stopped between micro-batches: the step's gradient is incomplete
   double compute_seconds = 0;
+  // The summed loss and its count, when known on the host (on a device they are written into
+  // the slots without a host synchronisation, see Trainer).
+  double loss_sum = 0;
+  double weight = 0;
 };
 // Writes `report` into this rank's slots of a zeroed host control array.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
