@@ -20,6 +20,11 @@ if [[ -f $dir/nodes ]]; then
   for i in $(seq 1 "$(cat "$dir/nodes")"); do
     # Whatever still runs inside a node (a job's tasks) goes with it.
     for pid in $(ip netns pids "aa-node$i" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+    # Gone before the namespace is: the next cluster reuses its addresses.
+    for _ in $(seq 1 50); do
+      [[ -z $(ip netns pids "aa-node$i" 2>/dev/null) ]] && break
+      sleep 0.1
+    done
     ip link del "aa-v$i" 2>/dev/null
     ip netns del "aa-node$i" 2>/dev/null
   done

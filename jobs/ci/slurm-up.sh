@@ -97,8 +97,13 @@ SlurmdLogFile=$dir/log/slurmd-%n.log"
   # Every node's PMIx clients get their own folder (one shared path, bind-mounted per node).
   echo "PMIxCliTmpDirBase=$dir/pmixtmp" > "$dir/mpi.conf"
 fi
+# Job ids of their own: every cluster's would start at 1, so its PMIx namespaces (and Open MPI's
+# job ids, derived from them) would repeat an earlier cluster's; a leftover process of that
+# cluster could then pass for a peer of a new job.
+first_job=$(( ($(date +%s) % 100000) * 100 + 1000 ))
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=autoaccum-ci
+FirstJobId=$first_job
 SlurmctldHost=$controller
 $ports
 SlurmUser=root

@@ -15,6 +15,7 @@
 
 #include "autoaccum/cli/mpi_runtime.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/console.hpp"
 #include "autoaccum/core/error.hpp"
 
@@ -67,7 +68,7 @@ int spmd_main(int argc, char** argv, const SpmdBody& body) {
       if (e.reporter())
         core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
       else
-        std::this_thread::sleep_for(std::chrono::seconds(2));
+        std::this_thread::sleep_for(comm::kNonReporterAbortDelay);  // one abort (watchdog.cpp)
       MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.exit_code()));
       std::_Exit(static_cast<int>(e.exit_code()));
     } catch (const Error& e) {

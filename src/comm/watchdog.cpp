@@ -275,8 +275,11 @@ void Watchdog::fire(const char* what) {
     } catch (...) {
     }
   }
-  // The others give the reporter a moment, so that its line (and rank 0's run log) comes first.
-  if (!reporter) std::this_thread::sleep_for(std::chrono::seconds(2));
+  // One MPI_Abort for the job: the reporter's. The launcher ends every other rank with it; a
+  // second abort racing with that teardown has crashed Open MPI 4.1's mpiexec (in its PMIx
+  // server's finalize). The others abort themselves only as a fallback, when the reporter's
+  // abort has not reached the launcher (its node gone) after kNonReporterAbortDelay.
+  if (!reporter) std::this_thread::sleep_for(kNonReporterAbortDelay);
   // The main thread is stuck inside MPI; MPI_Abort from this thread is allowed under
   // MPI_THREAD_MULTIPLE (without it, it is outside what MPI promises, but it is the one call that
   // makes the launcher end the whole job even when a node cannot be reached). If it returns, a

@@ -23,8 +23,8 @@ def timeout_lines(result):
 
 
 class ProbeStall(TempDirTest):
-    """The communicator alone (tests/mpi/fault_probe.cpp): one rank sleeps (or stops) before a
-    barrier."""
+    """The communicator alone (tests/mpi/fault_probe.cpp): one rank sleeps before a barrier, its
+    watchdog thread answering (stall) or gone (freeze)."""
 
     def test_the_waiting_ranks_name_the_missing_one_once_and_exit_with_code_5(self):
         # Rank 0 missing: the lowest rank that waited (1) reports instead. The sleeping rank's
@@ -41,8 +41,9 @@ class ProbeStall(TempDirTest):
                 self.assertLess(r.seconds, 25, r)
 
     def test_a_rank_that_cannot_answer_is_named_as_such(self):
-        # A stopped process answers nothing, as a dead node or a cut link: the others wait
-        # the grace period (1 s) for it, then say so.
+        # A process whose watchdog thread is gone answers nothing, as a dead node or a cut link:
+        # the others wait the grace period (1 s) for it, then say so; the reporter's abort ends
+        # every rank (the other waiting rank would abort itself only after 15 s).
         r = mpirun(3, FAULT_PROBE, "freeze", 1, 3, timeout=60)
         self.assertEqual(r.returncode, 5, r)
         self.assertEqual(timeout_lines(r), [

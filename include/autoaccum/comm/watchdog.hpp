@@ -80,6 +80,10 @@ std::string rank_ranges(std::vector<int> ranks);
 // "10 s", "0.5 s", "10 min".
 std::string duration_text(Milliseconds duration);
 
+// How long a rank that timed out but does not report waits for the reporter's MPI_Abort to end
+// it before it calls MPI_Abort itself.
+inline constexpr std::chrono::seconds kNonReporterAbortDelay{15};
+
 // How long a rank that timed out listens for the others' answers: a tenth of the timeout, 1 to
 // 10 s.
 Milliseconds grace_period(Milliseconds timeout);
