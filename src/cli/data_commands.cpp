@@ -99,7 +99,7 @@ Command synth_command() {
       "classes", po::value<std::int64_t>()->required()->value_name("C"),
       "number of classes (y is int64 [N])")(
       "seed", po::value<std::uint64_t>()->default_value(0)->value_name("S"), "random seed")(
-      "noise", po::value<double>()->default_value(1.0)->value_name("SIGMA"),
+      "noise", po::value<double>()->default_value(1.0, "1.0")->value_name("SIGMA"),
       "standard deviation of the noise around each class centre");
   c.run = [](const po::variables_map& vm, comm::Communicator& world) {
     return on_root(world, [&] {

@@ -216,21 +216,22 @@ Command train_command() {
       po::value<std::string>()->default_value("halve")->value_name("halve|refine"),
       "auto: halve after an OOM; refine: then probe upwards by bisection on later steps");
   add("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"), "optimizer steps");
-  add("epochs", po::value<double>()->default_value(0)->value_name("E"),
+  add("epochs", po::value<double>()->default_value(0, "0")->value_name("E"),
       "epochs (instead of --steps)");
   add("shuffle", po::value<std::string>()->default_value("batch")->value_name("batch|none"),
       "permute whole batches per epoch from --seed, or keep file order");
   add("optimizer", po::value<std::string>()->default_value("sgd")->value_name("sgd|adamw"),
       "optimizer");
-  add("lr", po::value<double>()->default_value(0.05)->value_name("LR"), "learning rate");
-  add("momentum", po::value<double>()->default_value(0.9)->value_name("M"), "SGD momentum");
-  add("weight-decay", po::value<double>()->default_value(0.0)->value_name("WD"), "weight decay");
+  add("lr", po::value<double>()->default_value(0.05, "0.05")->value_name("LR"), "learning rate");
+  add("momentum", po::value<double>()->default_value(0.9, "0.9")->value_name("M"), "SGD momentum");
+  add("weight-decay", po::value<double>()->default_value(0.0, "0")->value_name("WD"),
+      "weight decay");
   add("warmup-steps", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "linear warm-up steps");
   add("schedule",
       po::value<std::string>()->default_value("constant")->value_name("constant|cosine"),
       "learning-rate schedule after warm-up");
-  add("clip-grad-norm", po::value<double>()->default_value(0.0)->value_name("C"),
+  add("clip-grad-norm", po::value<double>()->default_value(0.0, "0")->value_name("C"),
       "clip the global gradient norm (0: off)");
   add("on-nonfinite", po::value<std::string>()->default_value("stop")->value_name("stop|skip"),
       "NaN/Inf in the loss or gradients on any rank: stop with an error, or skip the step");
@@ -265,7 +266,7 @@ Command train_command() {
       "drill: rank R's loss at step S is made infinite before backward, as an fp16 overflow");
   add("inject-stall", po::value<std::string>()->value_name("rank=R,step=S,seconds=T[;...]"),
       "drill: rank R stops for T seconds at the start of step S (a hung file system or GPU)");
-  add("collective-timeout", po::value<double>()->default_value(600)->value_name("SECONDS"),
+  add("collective-timeout", po::value<double>()->default_value(600, "600")->value_name("SECONDS"),
       "deadline of every collective: past it the ranks that can still talk end the job with "
       "exit code 5 and one line naming the ranks that did not arrive (0: wait forever). Raise "
       "it if a step, an evaluation or a checkpoint write legitimately takes longer");

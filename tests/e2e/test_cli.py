@@ -39,6 +39,15 @@ class Help(unittest.TestCase):
             self.assertEqual(r.stdout.count("Usage: autoaccum version"), 1, r)
 
 
+    def test_defaults_are_printed_as_written(self):
+        r = autoaccum(1, "train", "--help")
+        self.assertEqual(r.returncode, 0, r)
+        for shown in ("--lr LR (=0.05)", "--momentum M (=0.9)", "--weight-decay WD (=0)",
+                      "--collective-timeout SECONDS (=600)"):
+            self.assertIn(shown, r.stdout)
+        self.assertNotIn("0000000", r.stdout)
+
+
 class UsageErrors(unittest.TestCase):
     def assert_one_line_error(self, r, *needles):
         self.assertEqual(r.returncode, 1, r)
