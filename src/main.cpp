@@ -3,5 +3,5 @@
 #include "autoaccum/cli/spmd_main.hpp"
 
 int main(int argc, char** argv) {
-  return autoaccum::cli::spmd_main(argc, argv, autoaccum::cli::run_app);
+  return autoaccum::cli::spmd_main(argc, argv, autoaccum::cli::run_app, autoaccum::cli::needs_mpi);
 }

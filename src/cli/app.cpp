@@ -1,6 +1,7 @@
 // run_app: picks the subcommand, prints help, and hands the options to the command.
 #include "autoaccum/cli/app.hpp"
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -71,6 +72,12 @@ std::vector<Command> all_commands() {
   commands.push_back(inspect_command());
   commands.push_back(version_command());
   return commands;
+}
+
+bool needs_mpi(const std::vector<std::string>& args) {
+  if (args.empty() || args.front() != "train") return false;
+  return std::none_of(args.begin(), args.end(),
+                      [](const std::string& a) { return a == "--help" || a == "-h"; });
 }
 
 int run_app(comm::Communicator& world, const std::vector<std::string>& args) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "autoaccum/cli/mpi_runtime.hpp"
+#include "autoaccum/comm/local_communicator.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
 #include "autoaccum/comm/watchdog.hpp"
 #include "autoaccum/core/console.hpp"
@@ -37,7 +38,34 @@ int world_rank() {
 
 }  // namespace
 
-int spmd_main(int argc, char** argv, const SpmdBody& body) {
+// A command that needs no MPI: one process alone; its errors are its own.
+int local_main(const std::vector<std::string>& args, const SpmdBody& body) {
+  comm::LocalCommunicator world;
+  try {
+    return body(world, args);
+  } catch (const CollectiveError& e) {
+    if (world.rank() == 0) core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
+    return static_cast<int>(e.exit_code());
+  } catch (const Error& e) {
+    core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
+    return static_cast<int>(e.exit_code());
+  } catch (const c10::Error& e) {
+    core::write_line(stderr, std::string("autoaccum: error: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
+  }
+  return static_cast<int>(ExitCode::kInternal);
+}
+
+int spmd_main(int argc, char** argv, const SpmdBody& body, const NeedsMpi& needs_mpi) {
+  if (needs_mpi) {
+    const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
+    if (!needs_mpi(args)) {
+      std::signal(SIGXFSZ, SIG_IGN);
+      H5dont_atexit();
+      return local_main(args, body);
+    }
+  }
   // Past a file-size limit (ulimit -f, some quotas) a write then fails with EFBIG and is
   // reported like a full disk, instead of the kernel killing the rank.
   std::signal(SIGXFSZ, SIG_IGN);

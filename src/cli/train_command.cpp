@@ -275,7 +275,10 @@ Command train_command() {
   add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");
   add("checkpoint-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "write a checkpoint every N steps (and always at the end)");
-  add("resume", po::bool_switch()->default_value(false), "continue from --checkpoint if it exists");
+  add("resume", po::bool_switch()->default_value(false),
+      "continue from --checkpoint if it exists. --global-batch, --shuffle, --seed (with "
+      "--shuffle batch) and the data must be the checkpoint's (else refused: the rows read "
+      "would change); the number of ranks, --micro-batch and the rest may change");
   add("eval-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "evaluate every N steps");
   add("eval-micro-batch", po::value<std::int64_t>()->default_value(0)->value_name("N"),

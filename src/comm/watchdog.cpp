@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -169,8 +170,16 @@ std::string Watchdog::context() const {
 }
 
 void Watchdog::set_last_words(std::function<void(const std::string&)> last_words) {
+  // Once the watchdog fires it runs a copy of the last words, which may point into the caller's
+  // state: the caller must not go on to destroy it. The process ends with the abort.
+  park_if_firing();
   std::lock_guard<std::mutex> lock(context_mutex_);
   last_words_ = std::move(last_words);
+}
+
+void Watchdog::park_if_firing() const noexcept {
+  while (firing_.load())
+    std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 void Watchdog::attach(WatchChannel* channel) {
@@ -184,6 +193,9 @@ void Watchdog::detach(WatchChannel* channel) {
 }
 
 Watchdog::Guard::Guard(Watchdog& dog, const char* what) noexcept : dog_(dog) {
+  // A main thread whose collective completed while the watchdog was already firing (a late rank
+  // arrived in the grace period) goes no further: the job is ending.
+  dog_.park_if_firing();
   dog_.entered_.fetch_add(1, std::memory_order_relaxed);
   dog_.armed_what_.store(what, std::memory_order_relaxed);
   dog_.armed_at_ns_.store(now_ns(), std::memory_order_release);
@@ -225,6 +237,7 @@ void Watchdog::watch() {
 }
 
 void Watchdog::fire(const char* what) {
+  firing_.store(true);
   TimeoutReport report;
   const WatchState mine = state();
   {
@@ -270,10 +283,24 @@ void Watchdog::fire(const char* what) {
       !report.located || (!report.present.empty() && report.present.front() == report.rank);
   if (reporter) core::write_line(stderr, "autoaccum: error: " + message);
   if (last_words) {
-    try {
-      last_words(message);
-    } catch (...) {
-    }
+    // On a thread of their own, with a deadline: a hung file system (often what stalled the
+    // collective) must not keep the abort below from ending the job.
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread([last_words, message, done] {
+      try {
+        last_words(message);
+      } catch (...) {
+      }
+      done->store(true);
+    }).detach();
+    const auto until = std::chrono::steady_clock::now() + kLastWordsDeadline;
+    while (!done->load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(Milliseconds(10));
+    if (!done->load())
+      core::write_line(stderr, "autoaccum: rank " + std::to_string(rank_) +
+                                   ": warning: the run log could not be written within " +
+                                   duration_text(kLastWordsDeadline) +
+                                   " (a hung file system?); ending the job without it");
   }
   // One MPI_Abort for the job: the reporter's. The launcher ends every other rank with it; a
   // second abort racing with that teardown has crashed Open MPI 4.1's mpiexec (in its PMIx

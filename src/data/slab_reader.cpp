@@ -302,6 +302,28 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
   if (check_labels || !declared_classes) schema_.max_label = max_label;
 }
 
+std::vector<std::int64_t> SlabReader::shard_rows() const {
+  std::vector<std::int64_t> rows;
+  for (std::size_t s = 0; s < shard_first_row_.size(); ++s)
+    rows.push_back((s + 1 < shard_first_row_.size() ? shard_first_row_[s + 1] : schema_.rows) -
+                   shard_first_row_[s]);
+  return rows;
+}
+
+std::vector<std::string> SlabReader::compressed_datasets() const {
+  std::vector<std::string> found;
+  for (std::size_t s = 0; s < shards_.size(); ++s) {
+    for (std::size_t i = 0; i < shards_[s]->datasets.size(); ++i) {
+      const hdf5::Dataset& dataset = shards_[s]->datasets[i];
+      if (!dataset.filtered()) continue;
+      const std::int64_t chunk = dataset.chunk_rows();
+      found.push_back("'" + schema_.fields[i].name + "' in " + paths_[s] + " (chunks of " +
+                      std::to_string(chunk) + (chunk == 1 ? " row)" : " rows)"));
+    }
+  }
+  return found;
+}
+
 Batch SlabReader::read(std::int64_t begin, std::int64_t end) const {
   if (begin < 0 || end > schema_.rows || begin > end) {
     throw Error("SlabReader::read: rows [" + std::to_string(begin) + ", " + std::to_string(end) +

@@ -160,6 +160,14 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
     file.write_attribute("loss_scale", c.loss_scale);
     file.write_attribute("loss_scale_clean_steps", c.loss_scale_clean_steps);
+    if (c.data.global_batch > 0) {
+      file.write_attribute("data_global_batch", c.data.global_batch);
+      file.write_attribute("data_shuffle", c.data.shuffle);
+      file.write_attribute("data_rows", c.data.rows);
+      file.write_attribute("data_files", c.data.files);
+      file.write_attribute("data_fingerprint", c.data.fingerprint);
+      file.write_attribute("data_batch_in_epoch", c.data.batch_in_epoch);
+    }
     const std::vector<char> image = file.close_to_image();
     write_file(temporary, image.data(), image.size());
     // The new one is complete: keep the current one as the previous before it is replaced. A
@@ -226,6 +234,14 @@ Checkpoint read_checkpoint(const std::string& path) {
     const hdf5::AttributeValue scale = file.attribute_value("loss_scale");
     if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
     c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
+  }
+  if (file.has_attribute("data_global_batch")) {
+    c.data.global_batch = file.read_int_attribute("data_global_batch");
+    c.data.shuffle = file.read_string_attribute("data_shuffle");
+    c.data.rows = file.read_int_attribute("data_rows");
+    c.data.files = file.read_string_list_attribute("data_files");
+    c.data.fingerprint = file.read_string_attribute("data_fingerprint");
+    c.data.batch_in_epoch = file.read_int_attribute("data_batch_in_epoch");
   }
   for (const auto& name : names_under(file, "params")) {
     c.params.emplace_back(name, read_tensor(file, "params/" + name));

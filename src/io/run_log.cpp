@@ -45,7 +45,8 @@ const std::vector<Field<StepRow>>& step_fields() {
       {"live_bytes", &StepRow::live_bytes},
       {"allreduce_seconds", &StepRow::allreduce_seconds},
       {"retry_seconds", &StepRow::retry_seconds},
-      {"loss_scale", &StepRow::loss_scale}};
+      {"loss_scale", &StepRow::loss_scale},
+      {"data_cpu_seconds", &StepRow::data_cpu_seconds}};
   return fields;
 }
 const std::vector<Field<OomRow>>& oom_fields() {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 
 #include "autoaccum/core/error.hpp"
@@ -161,6 +162,33 @@ class ScriptModel final : public Model {
   void set_training(bool training) override { module_.train(training); }
   void to(const c10::Device& device) override { module_.to(device); }
   std::string describe() override { return "TorchScript " + path_; }
+  std::string mode_warning() override {
+    // A module made by torch.jit.trace records dropout and BatchNorm with the mode they were
+    // traced in as a constant: its graphs hold the operations but never read `training`.
+    bool mode_layers = false;
+    bool reads_training = false;
+    std::function<void(torch::jit::Block*)> visit = [&](torch::jit::Block* block) {
+      for (torch::jit::Node* node : block->nodes()) {
+        const std::string kind = node->kind().toQualString();
+        if (kind.find("dropout") != std::string::npos ||
+            kind.find("batch_norm") != std::string::npos)
+          mode_layers = true;
+        if (node->kind() == c10::prim::GetAttr && node->s(c10::attr::name) == "training")
+          reads_training = true;
+        for (torch::jit::Block* inner : node->blocks())
+          visit(inner);
+      }
+    };
+    for (const auto& module : module_.modules()) {
+      for (const auto& method : module.get_methods())
+        visit(method.graph()->block());
+    }
+    if (!mode_layers || reads_training) return "";
+    return "--model-file '" + path_ +
+           "' looks made by torch.jit.trace: its dropout and BatchNorm run as they did when "
+           "traced, in training and in evaluation alike (evaluation is not in eval mode); make it "
+           "with torch.jit.script to let them follow the mode (docs/models.md)";
+  }
   void save(const std::string& path) override { module_.save(path); }
 
  private:

@@ -43,6 +43,7 @@ std::string sizes_text(const std::vector<std::int64_t>& sizes) {
 }
 
 void RunLogObserver::on_oom(const OomEvent& event) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < event.ranks.size(); ++i) {
     writer_.add(io::OomRow{event.step, event.ranks[i], event.micro_batches.at(i),
                            event.next.empty() ? 0 : event.next.at(i)});
@@ -50,6 +51,7 @@ void RunLogObserver::on_oom(const OomEvent& event) {
 }
 
 void RunLogObserver::on_step(const io::StepRow& row, const RankFigures& ranks) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   writer_.add(row);
   writer_.set_peak_bytes(ranks.peak_bytes);
   logged_sizes_.resize(ranks.micro_batches.size(), {-1, -1});
@@ -84,15 +86,18 @@ void RunLogObserver::flush() {
 }
 
 void RunLogObserver::on_checkpoint(std::int64_t) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   if (steps_since_flush_ > 0) flush();
 }
 
 void RunLogObserver::on_eval(const EvalEvent& event) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   writer_.add(io::EvalRow{event.step, event.loss, event.accuracy});
 }
 
 void RunLogObserver::on_finish(const std::string& status, const std::string& message,
                                std::int64_t final_micro_batch) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   final_micro_batch_ = final_micro_batch;
   write(status, message);
 }

@@ -427,6 +427,7 @@ TrainResult Trainer::run_steps() {
     row.oom_retries = retries;
     row.skipped = skipped ? 1 : 0;
     row.data_wait_seconds = data_wait;
+    row.data_cpu_seconds = prefetcher.last_cpu_seconds();
     row.peak_bytes = *std::max_element(s.peak_bytes.begin(), s.peak_bytes.end());
     row.live_bytes = memory::live_bytes();
     row.allreduce_seconds = s.allreduce_seconds;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -12,6 +13,93 @@
 #include "trainer_state.hpp"
 
 namespace autoaccum::train {
+namespace {
+
+// FNV-1a, 64 bits: enough to tell one data file from another of the same shape.
+struct Fingerprint {
+  std::uint64_t value = 14695981039346656037ull;
+  void add(const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < bytes; ++i)
+      value = (value ^ p[i]) * 1099511628211ull;
+  }
+  void add(const std::string& text) { add(text.data(), text.size()); }
+  void add(std::int64_t number) { add(&number, sizeof number); }
+  std::string hex() const {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+    return text;
+  }
+};
+
+std::string basename_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string files_text(const io::DataOrder& d) {
+  std::string text;
+  for (std::size_t i = 0; i < d.files.size() && i < 3; ++i)
+    text += (i ? ", " : "") + d.files[i];
+  if (d.files.size() > 3) text += " (+" + std::to_string(d.files.size() - 3) + " files)";
+  return text;
+}
+
+// Empty when a run with `now` reads, from the checkpoint's position on, exactly the rows the run
+// that wrote `saved` would have; else one line: the option, both values, what would happen.
+std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataOrder& now,
+                                std::uint64_t seed, const std::string& path) {
+  const io::DataOrder& saved = saved_run.data;
+  const std::int64_t step = saved_run.step;
+  if (saved.global_batch == 0) return "";  // written before autoaccum recorded it
+  const std::string head =
+      "--resume: checkpoint '" + path + "' (step " + std::to_string(step) + ") was written with ";
+  const std::string tail =
+      ": resumed so, the run would read some rows of the epoch twice and others never. Resume "
+      "with the checkpoint's value, or start a new run (another --checkpoint)";
+  if (saved.global_batch != now.global_batch)
+    return head + "--global-batch " + std::to_string(saved.global_batch) + ", this run has " +
+           std::to_string(now.global_batch) + tail;
+  if (saved.shuffle != now.shuffle)
+    return head + "--shuffle " + saved.shuffle + ", this run has " + now.shuffle + tail;
+  // The seed orders the batches of every epoch (with --shuffle none it orders nothing).
+  if (saved.shuffle == "batch" && saved_run.seed != seed)
+    return head + "--seed " + std::to_string(saved_run.seed) + ", this run has " +
+           std::to_string(seed) + tail;
+  if (saved.rows != now.rows || saved.fingerprint != now.fingerprint)
+    return head + "--data " + files_text(saved) + " (" + std::to_string(saved.rows) +
+           " rows, fingerprint " + saved.fingerprint + "), this run has " + files_text(now) + " (" +
+           std::to_string(now.rows) + " rows, fingerprint " + now.fingerprint + ")" + tail;
+  return "";
+}
+
+}  // namespace
+
+io::DataOrder Trainer::State::describe_data_order() const {
+  io::DataOrder d;
+  d.global_batch = options.global_batch;
+  d.shuffle = options.shuffle;
+  d.rows = reader->schema().rows;
+  Fingerprint print;
+  print.add(reader->schema().describe());
+  const auto rows = reader->shard_rows();
+  for (std::size_t s = 0; s < rows.size(); ++s) {
+    d.files.push_back(basename_of(reader->paths()[s]));
+    print.add(rows[s]);
+  }
+  // A few rows' values: the first, the last and two between (host staging, not counted).
+  const memory::UncountedScope staging;
+  const std::int64_t n = d.rows;
+  for (const std::int64_t row : {std::int64_t{0}, n / 3, (2 * n) / 3, n - 1}) {
+    const data::Batch one = reader->read(row, row + 1);
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      const at::Tensor t = one[i].contiguous();
+      print.add(t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
+    }
+  }
+  d.fingerprint = print.hex();
+  return d;
+}
 
 void Trainer::State::resume() {
   if (!options.resume) return;
@@ -36,6 +124,10 @@ void Trainer::State::resume() {
     loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, ""};
   });
   if (!chosen.empty()) {
+    // The same record on every rank: every rank reaches the same verdict without a word.
+    const std::string mismatch =
+        data_order_mismatch(loaded->checkpoint, data_order, options.seed, chosen);
+    if (!mismatch.empty()) throw CollectiveError(mismatch, ExitCode::kUsage, 0);
     if (!loaded->warning.empty() && root && !options.quiet)
       std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
     restore(loaded->checkpoint);
@@ -172,6 +264,8 @@ void Trainer::State::save_checkpoint() {
     }
     c.world_size = world;
     c.seed = options.seed;
+    c.data = data_order;
+    c.data.batch_in_epoch = step % plan->batches_per_epoch();
     if (loss_scale.enabled()) {
       c.loss_scale = loss_scale.value();
       c.loss_scale_clean_steps = loss_scale.clean_steps();

@@ -189,6 +189,31 @@ void Trainer::State::take_outputs() {
   }
 }
 
+// Compressed data is decompressed by the prefetch thread on the cores that train: it slows
+// the steps without showing as "waiting for data". Said once, with the measured rate.
+void Trainer::State::warn_about_slow_data() const {
+  const std::vector<std::string> compressed = reader->compressed_datasets();
+  if (compressed.empty()) return;
+  const data::RowRange share = plan->rank_rows(0, 0, 0);
+  const memory::UncountedScope staging;
+  const auto start = Clock::now();
+  const data::Batch slab = reader->read(share.begin, share.end);
+  const double seconds = std::max(seconds_since(start), 1e-9);
+  std::int64_t bytes = 0;
+  for (std::size_t i = 0; i < slab.size(); ++i)
+    bytes += static_cast<std::int64_t>(slab[i].nbytes());
+  std::ostringstream line;
+  line << "autoaccum: warning: --data: " << compressed.front();
+  if (compressed.size() > 1) line << " and " << compressed.size() - 1 << " more";
+  line << " stored compressed: reading a rank's share of a batch (" << share.size() << " rows, "
+       << memory::format_bytes(bytes) << ") took " << std::fixed << std::setprecision(1)
+       << seconds * 1000 << " ms (" << std::setprecision(0)
+       << static_cast<double>(share.size()) / seconds << " rows/s), decompressed on the cores "
+       << "that train; rewrite it uncompressed and contiguous, e.g. h5repack -f NONE -l CONTI "
+       << reader->paths().front() << " fast.h5 (docs/data-format.md)";
+  core::write_line(stderr, line.str());
+}
+
 void Trainer::State::open_data() {
   const auto& o = options;
   comm::collectively(comm, [&] {
@@ -224,6 +249,8 @@ void Trainer::State::open_data() {
     }
     plan = std::make_unique<data::BatchPlan>(schema.rows, o.global_batch, world,
                                              data::parse_shuffle(o.shuffle), o.seed);
+    data_order = describe_data_order();
+    if (root && !o.quiet) warn_about_slow_data();
     if (o.steps < 0 || o.epochs < 0) throw UsageError("--steps and --epochs must not be negative");
     total_steps =
         o.steps > 0
@@ -290,6 +317,8 @@ void Trainer::State::build_model() {
   // A file saved after model.eval() would otherwise train with dropout off and BatchNorm frozen.
   model->set_training(true);
   parameters = model->parameter_set();
+  if (const std::string warning = model->mode_warning(); !warning.empty() && root && !options.quiet)
+    core::write_line(stderr, "autoaccum: warning: " + warning);
   // Every rank loaded the same file, so every rank reaches this verdict without a word.
   if (parameters.trainable_elements == 0) {
     const std::string why =

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -84,6 +85,7 @@ struct Trainer::State {
   std::unique_ptr<data::SlabReader> reader;
   std::unique_ptr<data::SlabReader> val_reader;
   std::unique_ptr<data::BatchPlan> plan;
+  io::DataOrder data_order;  // what decides the rows of each step (checked on --resume)
   std::int64_t total_steps = 0;
   std::optional<Objective> objective;
 
@@ -111,7 +113,7 @@ struct Trainer::State {
   std::vector<std::unique_ptr<OutputLock>> locks;
   std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
   std::vector<std::unique_ptr<StepObserver>> observers;
-  bool finished = false;
+  std::atomic<bool> finished{false};  // the watchdog's last words may set it too
   TrainResult result;
 
   State(const TrainOptions& o, comm::Communicator& c) : options(o), comm(c) {}
@@ -125,6 +127,8 @@ struct Trainer::State {
   void trial();
   void allocate_step_state();
   void resume();
+  io::DataOrder describe_data_order() const;
+  void warn_about_slow_data() const;
   void open_observers();
   void announce();
 
@@ -151,8 +155,7 @@ struct Trainer::State {
     notify([&](StepObserver& o) { o.on_message(line); });
   }
   void finish(const std::string& status, const std::string& message = "") {
-    if (finished) return;
-    finished = true;
+    if (finished.exchange(true)) return;
     notify([&](StepObserver& o) { o.on_finish(status, message, micro_batches->current(rank)); });
   }
   [[noreturn]] void fail_run(const std::string& message, ExitCode code) {

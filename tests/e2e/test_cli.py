@@ -1,7 +1,11 @@
 """The command line end to end: --version, help, and usage errors, under mpiexec."""
+import os
+import shutil
+import subprocess
+import tempfile
 import unittest
 
-from harness import autoaccum
+from harness import BIN, autoaccum
 
 
 class Version(unittest.TestCase):
@@ -46,6 +50,38 @@ class Help(unittest.TestCase):
                       "--collective-timeout SECONDS (=600)"):
             self.assertIn(shown, r.stdout)
         self.assertNotIn("0000000", r.stdout)
+
+
+class NoMpiWhereNoneIsNeeded(unittest.TestCase):
+    """Only `train` initialises MPI: help, version, log, inspect, synth and import start no MPI
+    runtime (instant, and usable on a login node). Shown with an MPI that cannot initialise (a
+    PML that does not exist): `train` fails there, the others work."""
+
+    def run_alone(self, *args):
+        env = dict(os.environ, OMPI_MCA_pml="no_such_pml")
+        for name in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMI_", "SLURM_"))]:
+            del env[name]
+        return subprocess.run([BIN, *map(str, args)], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    def test_commands_other_than_train_run_without_mpi(self):
+        folder = tempfile.mkdtemp(prefix="autoaccum-nompi-")
+        try:
+            data = os.path.join(folder, "d.h5")
+            for args, needle in [(("--version",), "world     1 rank(s)"),
+                                 (("--help",), "Usage: autoaccum <command>"),
+                                 (("train", "--help"), "--global-batch"),
+                                 (("synth", "--out", data, "--rows", 100, "--features", 4,
+                                   "--classes", 2), "wrote"),
+                                 (("inspect", data), "valid training file")]:
+                with self.subTest(args=args):
+                    r = self.run_alone(*args)
+                    self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                    self.assertIn(needle, r.stdout)
+            r = self.run_alone("train", "--data", data, "--steps", 1, "--global-batch", 10)
+            self.assertNotEqual(r.returncode, 0, "this MPI must not initialise:\n" + r.stderr)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class UsageErrors(unittest.TestCase):

@@ -204,3 +204,32 @@ class InspectAndBadInput(Workdir):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SlowDataIsNamedAtStart(Workdir):
+    def test_compressed_data_gets_one_warning_with_its_measured_rate(self):
+        # One row per chunk with gzip trains several times slower, and the prefetch thread's
+        # decompression takes the training cores without showing as waiting for data.
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((512, 64)).astype(np.float32)
+        y = rng.integers(0, 4, 512).astype(np.int64)
+        slow, fast = os.path.join(self.dir, "slow.h5"), os.path.join(self.dir, "fast.h5")
+        with h5py.File(slow, "w") as f:
+            f.create_dataset("x", data=x, chunks=(1, 64), compression="gzip")
+            f.create_dataset("y", data=y, chunks=(1,), compression="gzip")
+        with h5py.File(fast, "w") as f:
+            f["x"], f["y"] = x, y
+        for path, warned in ((slow, True), (fast, False)):
+            with self.subTest(data=path):
+                r = autoaccum(2, "train", "--data", path, "--hidden", "16", "--global-batch",
+                              128, "--steps", 2, "--threads", 1, "--log-every", 0)
+                self.assertEqual(r.returncode, 0, r)
+                lines = [l for l in r.stderr.splitlines() if "stored compressed" in l]
+                self.assertEqual(len(lines), 1 if warned else 0, r)
+                if warned:
+                    self.assertRegex(lines[0], r"^autoaccum: warning: --data: 'x' in \S*slow\.h5 "
+                                               r"\(chunks of 1 row\) and 1 more stored "
+                                               r"compressed: reading a rank's share of a batch "
+                                               r"\(64 rows, [\d.]+ KiB\) took [\d.]+ ms \(\d+ "
+                                               r"rows/s\)")
+                    self.assertIn("h5repack -f NONE -l CONTI", lines[0])

@@ -247,6 +247,32 @@ class UserModels(TempDirTest):
                 self.assertNotIn("MPI_ABORT", r.stderr + r.stdout)
                 self.assertFalse(os.path.exists(checkpoint))
 
+    def test_a_traced_model_with_dropout_or_batchnorm_is_named_once(self):
+        # torch.jit.trace bakes the traced mode into dropout and BatchNorm: evaluation would not
+        # be in eval mode. A scripted model of the same layers, and a traced one without them,
+        # get no warning.
+        torch.manual_seed(0)
+        x = torch.randn(4, 1, 8, 8)
+        traced = self.path("traced-cbnd.pt")
+        torch.jit.trace(um.ConvBnDropout(dropout=0.25, width=8).train(), x).save(traced)
+        plain = self.path("traced-tied.pt")
+        torch.jit.trace(um.Tied(features=64, classes=4), x.flatten(1)).save(plain)
+        scripted = um.save_scripted(um.ConvBnDropout(dropout=0.25, width=8),
+                                    self.path("scripted-cbnd.pt"))
+        flat = um.write_data(self.path("flat64.h5"), self.xi.reshape(len(self.xi), -1), self.yi,
+                             classes=4)
+        for model, data, warned in ((traced, self.images, True), (scripted, self.images, False),
+                                    (plain, flat, False)):
+            with self.subTest(model=model):
+                r = self.train(2, model, data, "--global-batch", 32, "--steps", 1,
+                               "--val-data", data)
+                self.assertEqual(r.returncode, 0, r)
+                lines = [l for l in r.stderr.splitlines() if "torch.jit.trace" in l]
+                self.assertEqual(len(lines), 1 if warned else 0, r)
+                if warned:
+                    self.assertIn("autoaccum: warning: --model-file '" + traced, lines[0])
+                    self.assertIn("evaluation is not in eval mode", lines[0])
+
     def test_validation_labels_outside_the_training_classes_fail_at_start(self):
         model = um.save_scripted(um.Tied, self.path("tied-val.pt"))
         x, y = um.classification_data(20, (8,), 5, seed=3)

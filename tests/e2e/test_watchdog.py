@@ -52,6 +52,17 @@ class ProbeStall(TempDirTest):
             "down); ranks 0, 2 waited; in the probe's freeze"], r)
         self.assertLess(r.seconds, 25, r)
 
+    def test_a_rank_that_never_reaches_the_end_does_not_keep_the_others_in_mpi_finalize(self):
+        # Rank 1 finishes its work but does not leave for 60 s (stuck writing on a hung file
+        # system): the others wait for it in MPI_Finalize, under the same deadline.
+        r = mpirun(3, FAULT_PROBE, "late", 1, 60, 3, timeout=60)
+        self.assertEqual(r.returncode, 5, r)
+        self.assertEqual(r.stdout.count("all ranks finished"), 1, r)
+        self.assertRegex(r.stderr, r"autoaccum: rank [02]: error: MPI_Finalize did not complete "
+                                   r"within 3 s \(--collective-timeout\): another rank did not "
+                                   r"reach the end of the run")
+        self.assertLess(r.seconds, 25, r)
+
     def test_a_wait_shorter_than_the_timeout_is_not_a_failure(self):
         r = mpirun(3, FAULT_PROBE, "stall", 2, 1.5, 5, timeout=60)
         self.assertEqual(r.returncode, 0, r)

@@ -8,6 +8,8 @@
 //   barrier and its main thread sleeps: as a dead node looks to the others, it never answers.
 //   (Not SIGSTOP: a stopped process under MPI_Abort's clean-up has crashed Open MPI 4.1's
 //   mpiexec in its PMIx server's finalize, a launcher failure the watchdog cannot change.)
+// fault_probe late RANK SECONDS TIMEOUT: every rank finishes, then rank RANK sleeps SECONDS
+//   before it leaves: the others wait for it in MPI_Finalize, which has TIMEOUT too
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -22,13 +24,23 @@ int main(int argc, char** argv) {
   using namespace autoaccum;
   return cli::spmd_main(
       argc, argv, [](comm::Communicator& world, const std::vector<std::string>& args) {
-        if (args.size() != 2 && !(args.size() == 4 && args[0] == "stall") &&
+        if (args.size() != 2 && !(args.size() == 4 && (args[0] == "stall" || args[0] == "late")) &&
             !(args.size() == 3 && args[0] == "freeze"))
           throw CollectiveError(
-              "usage: fault_probe alone|agree|ok RANK, stall RANK S T, or freeze RANK T",
+              "usage: fault_probe alone|agree|ok RANK, stall|late RANK S T, or freeze RANK T",
               ExitCode::kUsage, 0);
         const std::string& mode = args[0];
         const int failing = std::stoi(args[1]);
+        if (mode == "late") {
+          comm::watchdog().configure(
+              std::chrono::milliseconds(static_cast<long>(std::stod(args.back()) * 1000)),
+              world.rank());
+          world.barrier();
+          if (world.rank() == 0) std::cout << "fault_probe: all ranks finished" << std::endl;
+          if (world.rank() == failing)
+            std::this_thread::sleep_for(std::chrono::duration<double>(std::stod(args[2])));
+          return 0;
+        }
         if (mode == "stall" || mode == "freeze") {
           comm::watchdog().configure(
               std::chrono::milliseconds(static_cast<long>(std::stod(args.back()) * 1000)),

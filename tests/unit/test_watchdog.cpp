@@ -235,5 +235,50 @@ TEST(WatchdogDeathTest, TheRankThatWaitedNamesTheOthersFromTheirAnswers) {
       "waited; in step 3 of 8\n$");
 }
 
+TEST(WatchdogDeathTest, LastWordsThatHangDoNotKeepTheJobFromEnding) {
+  // Rank 0's last words write the run log; when the file system is what hangs, the job must
+  // still end (it used to wait for the write forever, never reaching MPI_Abort).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        Watchdog dog;
+        dog.configure(milliseconds(200), 0);
+        dog.set_last_words(
+            [](const std::string&) { std::this_thread::sleep_for(std::chrono::hours(1)); });
+        const Watchdog::Guard guard(dog, "MPI_Allreduce(float, sum)");
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+        std::fprintf(stderr, "still alive\n");
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(5),
+      "autoaccum: rank 0: warning: the run log could not be written within 5 s \\(a hung file "
+      "system\\?\\); ending the job without it\n$");
+}
+
+TEST(WatchdogDeathTest, AMainThreadWhoseCollectiveEndsDuringTheGraceGoesNoFurther) {
+  // Rank 1 arrives late, within the grace period: rank 0's collective completes while its
+  // watchdog is already asking and about to abort. The main thread must not go on into the next
+  // collective (or tear down the state the last words use).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        FakeChannel channel({std::nullopt});
+        Watchdog dog;
+        dog.attach(&channel);
+        dog.configure(milliseconds(200), 0);
+        {
+          const Watchdog::Guard guard(dog, "MPI_Allreduce(float, sum)");
+          std::this_thread::sleep_for(milliseconds(600));
+        }
+        const Watchdog::Guard next(dog, "MPI_Allreduce(float, sum)");
+        std::fprintf(stderr, "went on into the next collective\n");
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(5),
+      "^autoaccum: error: collective timeout: MPI_Allreduce\\(float, sum\\) did not complete "
+      "within 0.2 s \\(--collective-timeout\\): rank 1 on b does not answer \\(process, node "
+      "or link down\\); rank 0 waited\n$");
+}
+
 }  // namespace
 }  // namespace autoaccum::comm

@@ -21,6 +21,10 @@ namespace autoaccum::cli {
 //    every rank of the job.
 using SpmdBody =
     std::function<int(comm::Communicator& world, const std::vector<std::string>& args)>;
-int spmd_main(int argc, char** argv, const SpmdBody& body);
+// `needs_mpi(args)` false: MPI is not initialised at all; `body` runs on a LocalCommunicator
+// (every process alone, rank 0 of the launcher prints), errors print from that rank 0 and return
+// their exit code. Without a predicate every command needs MPI.
+using NeedsMpi = std::function<bool(const std::vector<std::string>& args)>;
+int spmd_main(int argc, char** argv, const SpmdBody& body, const NeedsMpi& needs_mpi = nullptr);
 
 }  // namespace autoaccum::cli

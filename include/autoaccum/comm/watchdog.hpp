@@ -80,6 +80,9 @@ std::string rank_ranges(std::vector<int> ranks);
 // "10 s", "0.5 s", "10 min".
 std::string duration_text(Milliseconds duration);
 
+// How long the last words (rank 0's run log) may take before the job is ended without them.
+inline constexpr std::chrono::seconds kLastWordsDeadline{5};
+
 // How long a rank that timed out but does not report waits for the reporter's MPI_Abort to end
 // it before it calls MPI_Abort itself.
 inline constexpr std::chrono::seconds kNonReporterAbortDelay{15};
@@ -104,8 +107,10 @@ class Watchdog {
   // Appended to every timeout message: where the run is ("at step 12; last checkpoint ...").
   void set_context(std::string context);
   std::string context() const;
-  // Run by the thread before it ends the process (rank 0 writes the run log's status). The main
-  // thread is blocked inside MPI at that moment.
+  // Run by the thread before it ends the process (rank 0 writes the run log's status), on a
+  // thread of their own and for at most kLastWordsDeadline. The main thread is blocked inside
+  // MPI at that moment; if its collective completes meanwhile, it stops at its next collective
+  // or at its next set_last_words (which it calls before the state they use goes away).
   void set_last_words(std::function<void(const std::string& message)> last_words);
 
   // The channel the thread answers on and asks through (the first attached is kept; a channel
@@ -131,11 +136,13 @@ class Watchdog {
   WatchState state() const;
   void answer_announcements(WatchChannel& channel) const;
   void stop_thread();
+  void park_if_firing() const noexcept;
 
   std::atomic<std::int64_t> timeout_ms_{0};
   std::atomic<std::int64_t> armed_at_ns_{0};  // steady clock; 0 while no collective runs
   std::atomic<const char*> armed_what_{nullptr};
   std::atomic<std::int64_t> entered_{0};  // watched collectives entered so far
+  std::atomic<bool> firing_{false};       // the deadline passed: the process is ending
   std::mutex channel_mutex_;
   WatchChannel* channel_ = nullptr;
   int rank_ = 0;

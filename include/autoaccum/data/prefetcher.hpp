@@ -32,6 +32,10 @@ class Prefetcher {
 
   // Seconds next() spent waiting for the loader so far (the step's data stall).
   double waited_seconds() const noexcept { return waited_seconds_; }
+  // CPU seconds the loader thread spent on the item next() returned last (reading, and
+  // decompressing a compressed file: time taken from the cores that train, which waiting does
+  // not show).
+  double last_cpu_seconds() const noexcept { return last_cpu_seconds_; }
 
  private:
   void run();
@@ -43,6 +47,8 @@ class Prefetcher {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::optional<Batch> ready_;
+  double ready_cpu_seconds_ = 0.0;
+  double last_cpu_seconds_ = 0.0;
   std::exception_ptr error_;
   bool stopping_ = false;
   double waited_seconds_ = 0.0;

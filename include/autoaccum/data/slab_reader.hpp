@@ -61,6 +61,11 @@ class SlabReader {
 
   const DataSchema& schema() const noexcept { return schema_; }
   const std::vector<std::string>& paths() const noexcept { return paths_; }
+  // Rows in each shard, in order.
+  std::vector<std::int64_t> shard_rows() const;
+  // The datasets stored compressed (an HDF5 filter): every slab read decompresses them on the
+  // training process's own cores. "'x' in a.h5 (chunks of 1 row)", one per dataset and shard.
+  std::vector<std::string> compressed_datasets() const;
 
   // Rows [begin, end) of every field: one hyperslab read per dataset and shard touched, straight
   // into the tensor's memory. uint8 inputs become float32 in [0, 1] (x / 255); int64 and float32

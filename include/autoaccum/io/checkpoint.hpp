@@ -11,6 +11,17 @@
 
 namespace autoaccum::io {
 
+// What decides which rows each step reads: with the same record, a resumed run reads exactly
+// the rows the interrupted one would have. global_batch 0: not recorded (an older checkpoint).
+struct DataOrder {
+  std::int64_t global_batch = 0;    // attribute data_global_batch
+  std::string shuffle;              // data_shuffle: "batch" or "none"
+  std::int64_t rows = 0;            // data_rows: over every shard
+  std::vector<std::string> files;   // data_files: the shards' file names (no folders)
+  std::string fingerprint;          // data_fingerprint: a hash of the data's shape and rows
+  std::int64_t batch_in_epoch = 0;  // data_batch_in_epoch: the next step's batch in its epoch
+};
+
 struct Checkpoint {
   std::int64_t step = 0;         // optimizer steps completed
   std::int64_t epoch = 0;        // epoch of the next step
@@ -24,6 +35,7 @@ struct Checkpoint {
   std::vector<std::int64_t> shares_after;
   std::int64_t world_size = 1;
   std::uint64_t seed = 0;
+  DataOrder data;
   // --precision fp16's loss scale and its clean steps towards growth; 0: none (attributes
   // loss_scale, loss_scale_clean_steps).
   double loss_scale = 0;

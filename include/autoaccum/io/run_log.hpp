@@ -13,7 +13,7 @@ namespace autoaccum::io {
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
-inline constexpr std::int64_t kRunLogSchemaVersion = 4;
+inline constexpr std::int64_t kRunLogSchemaVersion = 5;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -27,6 +27,7 @@ struct StepRow {
   double samples_per_second = 0;
   std::int64_t oom_retries = 0;
   double data_wait_seconds = 0;  // time rank 0 waited for the prefetcher in this step
+  double data_cpu_seconds = 0;   // CPU time rank 0's prefetch thread spent reading its slab
   std::int64_t peak_bytes = 0;   // the largest peak over the ranks, so far
   std::int64_t skipped = 0;      // 1: non-finite loss or gradient, no update (--on-nonfinite skip)
   std::int64_t live_bytes = 0;   // rank 0's live tensor bytes after the step

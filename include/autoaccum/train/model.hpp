@@ -45,6 +45,9 @@ class Model {
   // A TorchScript model saves itself (with its current parameters and buffers) to `path`;
   // the built-in models cannot (UsageError).
   virtual void save(const std::string& path);
+  // Non-empty when the model's layers ignore train/eval mode (a traced TorchScript module with
+  // dropout or BatchNorm): what to tell the user, once.
+  virtual std::string mode_warning() { return ""; }
   // Every distinct parameter tensor, trainable or not, in the order of named_parameters().
   std::vector<at::Tensor> parameters();
   ParameterSet parameter_set();

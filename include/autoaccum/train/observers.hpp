@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,6 +91,9 @@ class RunLogObserver final : public StepObserver {
  private:
   void flush();
   void write(const std::string& status, const std::string& message);
+  // The watchdog's last words (on_finish, on its own thread) may come while the main thread
+  // writes: one writer at a time.
+  std::mutex mutex_;
   io::RunLogWriter writer_;
   std::int64_t flush_every_ = 0;
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
