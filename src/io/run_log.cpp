@@ -197,7 +197,8 @@ RunLogWriter RunLogWriter::create(const std::string& path, const RunLogHeader& h
 }
 
 RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_step,
-                                  const std::vector<std::string>& hostnames) {
+                                  const std::vector<std::string>& hostnames,
+                                  const std::string& command_line) {
   const RunLogData existing = read_run_log(path);  // checks the format
   RunLogWriter writer(path);
   {
@@ -237,6 +238,17 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
     writer.peak_bytes_.assign(hostnames.size(), 0);
     writer.set("world_size", static_cast<std::int64_t>(hostnames.size()));
   }
+  // The resumed run's own command line beside the first run's `command_line`: with one entry
+  // per earlier resume (logs written before this attribute get empty ones).
+  std::vector<std::string> lines;
+  for (const auto& [name, value] : writer.attributes_) {
+    if (name != "resume_command_lines") continue;
+    if (const auto* list = std::get_if<std::vector<std::string>>(&value)) lines = *list;
+    if (const auto* one = std::get_if<std::string>(&value)) lines = {*one};
+  }
+  lines.resize(writer.resumes_.size());
+  lines.push_back(command_line);
+  writer.set("resume_command_lines", lines);
   writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped),
                                       static_cast<std::int64_t>(writer.hostnames_.size())});
   writer.final_micro_batch_ = std::stoll(existing.attribute("final_micro_batch", "0"));

@@ -457,7 +457,7 @@ void Trainer::State::open_observers() {
       if (!root) return;
       if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
         observers.push_back(std::make_unique<RunLogObserver>(
-            io::RunLogWriter::append(options.run_log, step, comm.hosts()),
+            io::RunLogWriter::append(options.run_log, step, comm.hosts(), options.command_line),
             options.log_flush_every));
         return;
       }

@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import TempDirTest, autoaccum
+from harness import TempDirTest, autoaccum, text
 
 
 def digest(path):
@@ -84,9 +84,19 @@ class ResumeKeepsTheDataOrder(TempDirTest):
                 f.attrs["data_shuffle"], bytes) else str(f.attrs["data_shuffle"]), "batch")
             self.assertEqual(int(f.attrs["data_rows"]), 256)
             self.assertEqual(int(f.attrs["data_batch_in_epoch"]), 4 % (256 // 48))
-        r = self.train(3, part, *args, "--steps", 9, "--resume")
+        log = self.path("part.log.h5")
+        r = self.train(3, part, *args, "--steps", 9, "--resume", "--run-log", log)
         self.assertEqual(r.returncode, 0, r)
-        r = self.train(3, whole, *args, "--steps", 9)
+        r = self.train(3, part, *args, "--steps", 11, "--resume", "--run-log", log,
+                       "--log-flush-every", 1)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(log, "r") as f:
+            # The run log says how each resumed run was started, beside the first command line.
+            self.assertNotIn("--log-flush-every", text(f.attrs["command_line"]))
+            resumed = [text(v) for v in f.attrs["resume_command_lines"]]
+            self.assertEqual(len(resumed), len(f["resumes/step"]), resumed)
+            self.assertIn("--log-flush-every 1", resumed[-1])
+        r = self.train(3, whole, *args, "--steps", 11)
         self.assertEqual(r.returncode, 0, r)
         a, _ = um.checkpoint_tensors(part)
         b, _ = um.checkpoint_tensors(whole)

@@ -93,9 +93,11 @@ class RunLogWriter {
   // attributes and rows but drops those logged at or after `resume_step`, records the resume in
   // the `resumes` group, and writes it back with status "running". `hostnames` are the resumed
   // run's ranks: on another number of ranks they replace the `ranks` group (peaks start again)
-  // and `world_size`.
+  // and `world_size`. `command_line` (the resumed run's) is appended to the root attribute
+  // `resume_command_lines`, one entry per row of `resumes`.
   static RunLogWriter append(const std::string& path, std::int64_t resume_step,
-                             const std::vector<std::string>& hostnames = {});
+                             const std::vector<std::string>& hostnames = {},
+                             const std::string& command_line = "");
 
   const std::string& path() const noexcept { return path_; }
   void add(const StepRow& row) { steps_.push_back(row); }
