@@ -1,5 +1,6 @@
 """Shared helpers for end-to-end tests: run autoaccum (or a probe) under mpiexec with a timeout."""
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -36,6 +37,12 @@ def mpirun(ranks, program, *args, timeout=60, env=None):
 
 def autoaccum(ranks, *args, timeout=60, env=None):
     return mpirun(ranks, BIN, *args, timeout=timeout, env=env)
+
+
+def digest(path):
+    """SHA-256 of a file's bytes: to show a file was left untouched."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def text(value):

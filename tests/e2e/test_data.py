@@ -1,7 +1,6 @@
 """Data commands end to end: import, synth and inspect, checked with h5py and an independent
 IDX decoder; the bad-input matrix exits 1 on every rank with one line naming the problem."""
 import gzip
-import hashlib
 import os
 import shutil
 import struct
@@ -12,7 +11,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, autoaccum
+from harness import BIN, autoaccum, digest
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -25,11 +24,6 @@ def decode_idx(path):
     assert zero == 0 and dtype == 0x08, path
     shape = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
     return np.frombuffer(raw[4 + 4 * ndim:], dtype=np.uint8).reshape(shape)
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 class Workdir(unittest.TestCase):

@@ -1,18 +1,10 @@
 """No output overwrites an input: every command that writes refuses, before writing anything,
 an output that is one of its inputs or its other output, by name, through a symbolic or a hard
 link, or through a linked folder; one line naming both options, exit 1, every file untouched."""
-import hashlib
 import os
 
-import torch
-
 import user_models as um
-from harness import TempDirTest, autoaccum, synth
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+from harness import TempDirTest, autoaccum, digest, synth
 
 
 class OutputsApartFromInputs(TempDirTest):

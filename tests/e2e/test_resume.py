@@ -3,18 +3,12 @@ the data order (global batch, shuffle, seed, the data's rows and fingerprint), a
 any of them changed is refused with one line naming the option and both values, the checkpoint
 untouched; with them unchanged, a resume on another number of ranks ends where an uninterrupted
 run ends."""
-import hashlib
 
 import h5py
 import numpy as np
 
 import user_models as um
-from harness import TempDirTest, autoaccum, text
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+from harness import TempDirTest, autoaccum, digest, text
 
 
 class ResumeKeepsTheDataOrder(TempDirTest):
