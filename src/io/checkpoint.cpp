@@ -160,6 +160,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
     file.write_attribute("loss_scale", c.loss_scale);
     file.write_attribute("loss_scale_clean_steps", c.loss_scale_clean_steps);
+    if (!c.replica_fingerprints.empty())
+      file.write_attribute("replica_fingerprints", c.replica_fingerprints);
     if (c.data.global_batch > 0) {
       file.write_attribute("data_global_batch", c.data.global_batch);
       file.write_attribute("data_shuffle", c.data.shuffle);
@@ -235,6 +237,8 @@ Checkpoint read_checkpoint(const std::string& path) {
     if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
     c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
   }
+  if (file.has_attribute("replica_fingerprints"))
+    c.replica_fingerprints = file.read_string_list_attribute("replica_fingerprints");
   if (file.has_attribute("data_global_batch")) {
     c.data.global_batch = file.read_int_attribute("data_global_batch");
     c.data.shuffle = file.read_string_attribute("data_shuffle");

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/console.hpp"
 #include "trainer_state.hpp"
 
 namespace autoaccum::train {
@@ -246,9 +247,41 @@ std::vector<std::string> Trainer::State::gather_generator_states() {
   return states;
 }
 
+// This rank's parameters, hashed: every rank's, gathered, say whether the replicas are still
+// equal, bit for bit (a decision taken differently on one rank would show here).
+std::vector<std::string> Trainer::State::gather_replica_fingerprints() {
+  Fingerprint print;
+  for (const at::Tensor& p : model->parameters()) {
+    const at::Tensor host = p.detach().to(at::kCPU).contiguous();
+    print.add(host.data_ptr(), static_cast<std::size_t>(host.nbytes()));
+  }
+  std::uint64_t mine = print.value;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world));
+  comm.allgather(&mine, sizeof mine, all.data());
+  std::vector<std::string> fingerprints;
+  std::vector<int> differ;
+  for (int r = 0; r < world; ++r) {
+    Fingerprint one;
+    one.value = all[static_cast<std::size_t>(r)];
+    fingerprints.push_back(one.hex());
+    if (all[static_cast<std::size_t>(r)] != all.front()) differ.push_back(r);
+  }
+  if (!differ.empty() && !replicas_differ_said && root) {
+    replicas_differ_said = true;
+    core::write_line(stderr,
+                     "autoaccum: warning: at step " + std::to_string(step) +
+                         " the parameters of rank(s) " +
+                         sizes_text(std::vector<std::int64_t>(differ.begin(), differ.end())) +
+                         " differ from rank 0's: the replicas drifted apart (the "
+                         "checkpoint holds rank 0's; please report it)");
+  }
+  return fingerprints;
+}
+
 void Trainer::State::save_checkpoint() {
   if (options.checkpoint.empty()) return;
   std::vector<std::string> generators = gather_generator_states();
+  std::vector<std::string> fingerprints = gather_replica_fingerprints();
   // Parameters and buffers are identical on every rank, so rank 0 writes; the others learn how
   // it went.
   comm::collectively(comm, [&] {
@@ -279,6 +312,7 @@ void Trainer::State::save_checkpoint() {
     }
     c.optimizer = optimizer->save();
     c.generator_states = std::move(generators);
+    c.replica_fingerprints = std::move(fingerprints);
     io::write_checkpoint(options.checkpoint, c);
   });
   checkpoint_step = step;

@@ -145,6 +145,8 @@ struct Trainer::State {
   void save_checkpoint();
   void restore(const io::Checkpoint& checkpoint);
   std::vector<std::string> gather_generator_states();
+  std::vector<std::string> gather_replica_fingerprints();
+  bool replicas_differ_said = false;
 
   template <class Fn>
   void notify(Fn&& fn) {

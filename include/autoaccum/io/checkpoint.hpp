@@ -46,6 +46,9 @@ struct Checkpoint {
   // Each rank's random-number generator state (opaque bytes), at rng/rank<R>; empty in
   // checkpoints written before autoaccum saved them.
   std::vector<std::string> generator_states;
+  // Each rank's fingerprint of its parameters when the checkpoint was written (hex), at
+  // replica_fingerprints: all equal unless the replicas drifted apart; empty in older ones.
+  std::vector<std::string> replica_fingerprints;
 };
 
 // Written under a temporary name and renamed onto `path`; the checkpoint that was at `path`
