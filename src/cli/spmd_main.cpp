@@ -58,20 +58,16 @@ int local_main(const std::vector<std::string>& args, const SpmdBody& body) {
 }
 
 int spmd_main(int argc, char** argv, const SpmdBody& body, const NeedsMpi& needs_mpi) {
-  if (needs_mpi) {
-    const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
-    if (!needs_mpi(args)) {
-      std::signal(SIGXFSZ, SIG_IGN);
-      H5dont_atexit();
-      return local_main(args, body);
-    }
-  }
   // Past a file-size limit (ulimit -f, some quotas) a write then fails with EFBIG and is
   // reported like a full disk, instead of the kernel killing the rank.
   std::signal(SIGXFSZ, SIG_IGN);
   // HDF5's own clean-up at exit would close, again, a file whose close already failed (a full
   // disk) and crash; every file autoaccum writes is closed explicitly before then.
   H5dont_atexit();
+  if (needs_mpi) {
+    const std::vector<std::string> args(argv + (argc > 0 ? 1 : 0), argv + argc);
+    if (!needs_mpi(args)) return local_main(args, body);
+  }
   MpiRuntime mpi(&argc, &argv);
   int code = 0;
   {

@@ -102,6 +102,12 @@ void Trainer::State::setup() {
   dog.set_last_words([this](const std::string& message) { finish("failed", message); });
 
   choose_device();
+  // The shards' globs expanded once: the outputs are checked against them, then they are read.
+  comm::collectively(comm, [&] {
+    data_paths = data::expand_data_paths(options.data);
+    if (!options.val_data.empty())
+      val_data_paths = data::expand_data_paths(options.val_data, "--val-data");
+  });
   take_outputs();  // before anything is written, so a second job on them is refused at once
   open_data();
   build_model();
@@ -155,12 +161,10 @@ void Trainer::State::take_outputs() {
     if (!root) return;
     // No output may be an input or the other output (a link to it counts).
     std::vector<core::NamedPath> inputs;
-    for (const auto& path : data::expand_data_paths(options.data))
+    for (const auto& path : data_paths)
       inputs.push_back({"--data", path});
-    if (!options.val_data.empty()) {
-      for (const auto& path : data::expand_data_paths(options.val_data, "--val-data"))
-        inputs.push_back({"--val-data", path});
-    }
+    for (const auto& path : val_data_paths)
+      inputs.push_back({"--val-data", path});
     inputs.push_back({"--model-file", options.model_file});
     core::check_outputs_apart(
         inputs, {{"--run-log", options.run_log}, {"--checkpoint", options.checkpoint}});
@@ -217,16 +221,15 @@ void Trainer::State::warn_about_slow_data() const {
 void Trainer::State::open_data() {
   const auto& o = options;
   comm::collectively(comm, [&] {
-    reader = std::make_unique<data::SlabReader>(data::expand_data_paths(o.data), o.inputs,
-                                                o.targets, true, o.ignore_index);
+    reader =
+        std::make_unique<data::SlabReader>(data_paths, o.inputs, o.targets, true, o.ignore_index);
     const auto& schema = reader->schema();
     const bool classification = schema.target().type == data::FieldType::kInt64;
     objective.emplace(Objective::choose(o.loss, schema.target(),
                                         classification ? *schema.num_classes : 0, o.ignore_index));
     if (!o.val_data.empty()) {
-      val_reader =
-          std::make_unique<data::SlabReader>(data::expand_data_paths(o.val_data, "--val-data"),
-                                             o.inputs, o.targets, true, o.ignore_index);
+      val_reader = std::make_unique<data::SlabReader>(val_data_paths, o.inputs, o.targets, true,
+                                                      o.ignore_index);
       const auto& a = reader->schema();
       const auto& b = val_reader->schema();
       for (std::size_t i = 0; i < a.fields.size(); ++i) {

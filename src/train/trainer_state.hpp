@@ -82,6 +82,7 @@ struct Trainer::State {
   }
 
   // Data.
+  std::vector<std::string> data_paths, val_data_paths;  // --data and --val-data, globs expanded
   std::unique_ptr<data::SlabReader> reader;
   std::unique_ptr<data::SlabReader> val_reader;
   std::unique_ptr<data::BatchPlan> plan;
