@@ -44,7 +44,10 @@ int local_main(const std::vector<std::string>& args, const SpmdBody& body) {
   try {
     return body(world, args);
   } catch (const CollectiveError& e) {
-    if (world.rank() == 0) core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
+    // Rank 0 says it and its exit code is the job's. The others leave with 0: without a
+    // barrier, a non-zero exit of theirs could make the launcher kill rank 0 before its line.
+    if (world.rank() != 0) return 0;
+    core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
     return static_cast<int>(e.exit_code());
   } catch (const Error& e) {
     core::write_line(stderr, std::string("autoaccum: error: ") + e.what());
