@@ -204,7 +204,7 @@ class Precision(TempDirTest):
             self.assertEqual(list(f["steps/skipped"][:]), [0, 1, 0, 0])
 
     def test_evaluation_runs_under_autocast_and_equals_pytorch(self):
-        model = um.save_scripted(um.SmallConv(), self.path("eval.pt"))
+        model = um.save_scripted(um.SmallConv(logit_scale=4.0), self.path("eval.pt"))
         _, log, checkpoint = self.train(2, model, "eval", "--global-batch", 128, "--steps", 2,
                                         "--precision", "bf16", "--val-data", self.data)
         with h5py.File(log, "r") as f:
@@ -220,11 +220,13 @@ class Precision(TempDirTest):
             out = net(x)
             expected = float(torch.nn.functional.cross_entropy(out, y, reduction="sum")) / len(y)
         expected_accuracy = float((out.argmax(1) == y).float().mean())
-        # Equal to PyTorch's autocast evaluation within 1e-6 (measured: 4e-8 apart), while
-        # fp32's evaluation of the same model lies outside twice that band (measured 8e-6 to
-        # 2.7e-5 apart, depending on threads): an evaluation in fp32 would fail the first check.
+        # Equal to PyTorch's autocast evaluation within 1e-6 (measured 4e-8 and 1.6e-7 apart on
+        # LibTorch 2.6 and 1.13), while fp32's evaluation of the same model lies outside ten
+        # times that band (measured 7e-5 and 2.8e-4): an evaluation in fp32 fails the first
+        # check. The logits are scaled by 4 (exact in bf16) so that bf16's rounding shows in the
+        # loss: unscaled, the two evaluations of the trained model came as close as 1.1e-6.
         self.assertAlmostEqual(loss, expected, delta=1e-6 * expected)
         self.assertAlmostEqual(accuracy, expected_accuracy, delta=2 / len(y))
         with torch.no_grad():
             fp32 = float(torch.nn.functional.cross_entropy(net(x), y, reduction="sum")) / len(y)
-        self.assertGreater(abs(expected - fp32), 2e-6 * expected)
+        self.assertGreater(abs(expected - fp32), 1e-5 * expected)

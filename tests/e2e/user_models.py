@@ -53,13 +53,14 @@ class SmallConv(torch.nn.Module):
     """A convolution and a linear layer, no BatchNorm: its gradient does not depend on how a
     batch is cut into micro-batches."""
 
-    def __init__(self, channels=1, side=8, classes=4, width=8):
+    def __init__(self, channels=1, side=8, classes=4, width=8, logit_scale=1.0):
         super().__init__()
         self.conv = torch.nn.Conv2d(channels, width, 3, padding=1)
         self.fc = torch.nn.Linear(width * side * side, classes)
+        self.logit_scale = logit_scale
 
     def forward(self, x):
-        return self.fc(torch.relu(self.conv(x)).flatten(1))
+        return self.fc(torch.relu(self.conv(x)).flatten(1)) * self.logit_scale
 
 
 class LinearBn(torch.nn.Module):
