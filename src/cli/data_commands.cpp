@@ -41,7 +41,9 @@ Command import_command() {
   c.summary = "Convert a public data set into autoaccum training files (fashion-mnist, text).";
   c.usage =
       "autoaccum import fashion-mnist [--source DIR] --out DIR\n"
-      "       autoaccum import text [--context T] --out DIR [FILE|DIR ...]";
+      "       autoaccum import text [--context T] --out DIR [FILE|DIR ...]\n"
+      "       autoaccum import text --documents fortune|paragraph|file [--max-length L] --out DIR "
+      "[FILE|DIR ...]";
   c.options.add_options()("dataset", po::value<std::string>()->required()->value_name("NAME"),
                           "data set to import: fashion-mnist, or text (byte-level LM windows)")(
       "source", po::value<std::string>()->value_name("DIR"),
@@ -51,6 +53,11 @@ Command import_command() {
       "folder for the files written (created if missing)")(
       "context", po::value<std::int64_t>()->default_value(128)->value_name("T"),
       "text: tokens (bytes) per window")(
+      "documents", po::value<std::string>()->value_name("fortune|paragraph|file"),
+      "text: write documents of every length (tokens + offsets) instead of windows, one per "
+      "%-separated fortune, blank-line-separated paragraph, or file")(
+      "max-length", po::value<std::int64_t>()->default_value(0)->value_name("L"),
+      "text --documents: split longer documents into pieces of at most L tokens (0: keep)")(
       "files", po::value<std::vector<std::string>>()->value_name("FILE|DIR"),
       "text: files or folders to read (default /usr/share/games/fortunes, Debian package "
       "fortunes)");
@@ -64,6 +71,20 @@ Command import_command() {
         o.context = vm["context"].as<std::int64_t>();
         o.sources = vm.count("files") ? vm["files"].as<std::vector<std::string>>()
                                       : std::vector<std::string>{"/usr/share/games/fortunes"};
+        if (vm.count("documents")) {
+          o.documents = vm["documents"].as<std::string>();
+          o.max_length = vm["max-length"].as<std::int64_t>();
+          const auto imported = data::import_text_documents(o);
+          for (const auto& path : imported.paths) {
+            data::SlabReader check({path}, {"tokens"}, "next");
+            std::cout << "wrote " << path << ": " << check.schema().describe_documents() << "\n";
+          }
+          std::cout << "read " << imported.bytes << " bytes (tokens uint8 bytes, offsets int64, "
+                    << "target the next byte, 256 classes)" << std::endl;
+          return;
+        }
+        if (!vm["max-length"].defaulted())
+          throw UsageError("--max-length applies to import text --documents");
         const auto imported = data::import_text(o);
         std::cout << "read " << imported.bytes << " bytes; wrote " << imported.paths[0] << ": "
                   << imported.train_rows << " windows of " << o.context << " bytes, "
@@ -157,6 +178,16 @@ Command inspect_command() {
       const auto inputs = split_list(vm["inputs"].as<std::string>());
       data::SlabReader reader({path}, inputs, vm["targets"].as<std::string>());
       const auto& schema = reader.schema();
+      if (schema.documents) {
+        std::cout << "  valid document file: " << schema.describe_documents() << "\n";
+        std::istringstream fields(schema.describe());
+        std::string line;
+        std::getline(fields, line);  // the summary, printed above
+        while (std::getline(fields, line))
+          std::cout << "  " << line << "\n";
+        std::cout.flush();
+        return;
+      }
       std::cout << "  valid training file: " << schema.rows << " rows, inputs "
                 << vm["inputs"].as<std::string>() << ", target " << schema.target().name;
       if (schema.num_classes) std::cout << ", " << *schema.num_classes << " classes";

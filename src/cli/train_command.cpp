@@ -72,10 +72,21 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     throw UsageError("--global-batch must be at least 1 (got " + std::to_string(o.global_batch) +
                      ")");
   const std::string micro = vm["micro-batch"].as<std::string>();
+  o.micro_batch_given = !vm["micro-batch"].defaulted();
   if (micro != "auto") {
     o.micro_batch = positive_integer(micro);
     if (!o.micro_batch)
       throw UsageError("--micro-batch: '" + micro + "' is not 'auto' or a positive integer");
+  }
+  if (vm.count("micro-batch-tokens")) {
+    const std::string tokens = vm["micro-batch-tokens"].as<std::string>();
+    o.micro_batch_tokens_given = true;
+    if (tokens != "auto") {
+      o.micro_batch_tokens = positive_integer(tokens);
+      if (!o.micro_batch_tokens)
+        throw UsageError("--micro-batch-tokens: '" + tokens +
+                         "' is not 'auto' or a positive integer");
+    }
   }
   const std::string search = vm["micro-batch-search"].as<std::string>();
   if (search != "halve" && search != "refine")
@@ -212,6 +223,9 @@ Command train_command() {
       "samples per optimizer step, all ranks together");
   add("micro-batch", po::value<std::string>()->default_value("auto")->value_name("auto|N"),
       "rows per forward/backward on a rank: auto finds the largest that fits");
+  add("micro-batch-tokens", po::value<std::string>()->value_name("auto|N"),
+      "document data: padded tokens (documents x longest) per forward/backward on a rank; "
+      "auto (the default there) starts at a rank's whole share and halves on out-of-memory");
   add("micro-batch-search",
       po::value<std::string>()->default_value("halve")->value_name("halve|refine"),
       "auto: halve after an OOM; refine: then probe upwards by bisection on later steps");

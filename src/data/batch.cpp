@@ -26,7 +26,14 @@ const at::Tensor& Batch::get(const std::string& name) const {
   return tensors_[static_cast<std::size_t>(it - names_.begin())];
 }
 
+void Batch::set_documents(std::shared_ptr<const Documents> documents) {
+  if (!tensors_.empty()) throw Error("Batch::set_documents: the batch already has fields");
+  rows_ = documents ? documents->count() : 0;
+  documents_ = std::move(documents);
+}
+
 Batch Batch::slice(std::int64_t offset, std::int64_t rows) const {
+  if (documents_) throw Error("Batch::slice: documents are cut by a micro-batch plan");
   if (offset < 0 || offset > rows_ || rows < 0) {
     throw Error("Batch::slice: rows [" + std::to_string(offset) + ", +" + std::to_string(rows) +
                 ") outside a batch of " + std::to_string(rows_));

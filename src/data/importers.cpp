@@ -281,6 +281,118 @@ TextImport import_text(const TextOptions& o) {
   return result;
 }
 
+namespace {
+
+// The documents of one file's text under `split`.
+std::vector<std::string> split_documents(const std::string& text, const std::string& split) {
+  std::vector<std::string> documents;
+  if (split == "file") {
+    documents.push_back(text);
+    return documents;
+  }
+  std::string current;
+  std::size_t begin = 0;
+  while (begin < text.size()) {
+    std::size_t end = text.find('\n', begin);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string line = text.substr(begin, end - begin);
+    const bool boundary =
+        split == "fortune" ? (line == "%\n" || line == "%")
+                           : line.find_first_not_of(" \t\r\n") == std::string::npos;
+    if (boundary) {
+      documents.push_back(current);
+      current.clear();
+    } else {
+      current += line;
+    }
+    begin = end;
+  }
+  documents.push_back(current);
+  return documents;
+}
+
+void write_documents(const std::string& path, const std::vector<std::string>& documents,
+                     const std::string& source, const std::string& split) {
+  std::vector<std::uint8_t> tokens;
+  std::vector<std::int64_t> offsets{0};
+  for (const auto& d : documents) {
+    tokens.insert(tokens.end(), d.begin(), d.end());
+    offsets.push_back(static_cast<std::int64_t>(tokens.size()));
+  }
+  write_atomically(path, [&](const std::string& temporary) {
+    auto file = hdf5::File::create(temporary);
+    {
+      auto set = file.create_dataset("tokens", hdf5::DType::kUInt8,
+                                     {static_cast<std::int64_t>(tokens.size())});
+      set.write_rows(0, static_cast<std::int64_t>(tokens.size()), hdf5::DType::kUInt8,
+                     tokens.data());
+      set.write_attribute("encoding", std::string("integer"));
+    }
+    file.create_dataset("offsets", hdf5::DType::kInt64, {static_cast<std::int64_t>(offsets.size())})
+        .write_rows(0, static_cast<std::int64_t>(offsets.size()), hdf5::DType::kInt64,
+                    offsets.data());
+    file.write_attribute("num_classes", std::int64_t{256});
+    file.write_attribute("tokens", std::string("bytes"));
+    file.write_attribute("documents", split);
+    file.write_attribute("source", source);
+    file.close();
+  });
+}
+
+}  // namespace
+
+TextImport import_text_documents(const TextOptions& o) {
+  if (o.documents != "file" && o.documents != "fortune" && o.documents != "paragraph")
+    throw UsageError("--documents: '" + o.documents + "' is not one of file, fortune, paragraph");
+  if (o.max_length < 0) throw UsageError("--max-length must not be negative");
+  if (!(o.validation_fraction > 0 && o.validation_fraction < 1))
+    throw UsageError("the validation fraction must lie in (0, 1)");
+  const auto files = text_files(o.sources);
+  std::vector<std::string> documents;
+  TextImport result;
+  for (const auto& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError("import text: cannot read '" + path + "'");
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    result.bytes += static_cast<std::int64_t>(text.size());
+    for (const auto& d : split_documents(text, o.documents)) {
+      if (d.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+      const std::size_t piece = o.max_length > 0 ? static_cast<std::size_t>(o.max_length) : d.size();
+      for (std::size_t at = 0; at < d.size(); at += piece)
+        documents.push_back(d.substr(at, piece));
+    }
+  }
+  if (documents.size() < 2) {
+    throw InputError("import text --documents " + o.documents + ": " +
+                     std::to_string(documents.size()) + " document(s) in " +
+                     std::to_string(files.size()) + " file(s); at least two are needed");
+  }
+  const auto count = static_cast<std::int64_t>(documents.size());
+  const std::int64_t val = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(static_cast<double>(count) * o.validation_fraction));
+  const std::vector<std::string> outputs = {o.out_dir + "/text-docs-train.h5",
+                                            o.out_dir + "/text-docs-val.h5"};
+  {
+    std::vector<core::NamedPath> inputs;
+    for (const auto& path : files)
+      inputs.push_back({"import text source", path});
+    core::check_outputs_apart(inputs, {{"--out", outputs[0]}, {"--out", outputs[1]}});
+  }
+  ensure_directory(o.out_dir);
+  const std::string source =
+      files.size() == 1 ? files.front()
+                        : files.front() + " (+" + std::to_string(files.size() - 1) + " files)";
+  result.paths = outputs;
+  result.train_rows = count - val;
+  result.val_rows = val;
+  const auto split_at = documents.begin() + (count - val);
+  write_documents(outputs[0], std::vector<std::string>(documents.begin(), split_at), source,
+                  o.documents);
+  write_documents(outputs[1], std::vector<std::string>(split_at, documents.end()), source,
+                  o.documents);
+  return result;
+}
+
 void write_synthetic(const SynthOptions& o) {
   if (o.rows < 1) throw UsageError("synth: --rows must be at least 1");
   if (o.features < 1) throw UsageError("synth: --features must be at least 1");

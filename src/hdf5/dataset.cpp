@@ -39,6 +39,7 @@ DType Dataset::dtype() const {
     if (!is_signed && size == 1) return DType::kUInt8;
     if (is_signed && size == 8) return DType::kInt64;
     if (is_signed && size == 4) return DType::kInt32;
+    if (!is_signed && size == 2) return DType::kUInt16;
   } else if (type_class == H5T_FLOAT) {
     if (size == 4) return DType::kFloat32;
     if (size == 8) return DType::kFloat64;

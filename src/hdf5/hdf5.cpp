@@ -98,6 +98,8 @@ std::string to_string(DType type) {
       return "float64";
     case DType::kInt32:
       return "int32";
+    case DType::kUInt16:
+      return "uint16";
     case DType::kOther:
       return "other";
   }
@@ -116,6 +118,8 @@ hid_t native_type(DType type) {
       return H5T_NATIVE_DOUBLE;
     case DType::kInt32:
       return H5T_NATIVE_INT32;
+    case DType::kUInt16:
+      return H5T_NATIVE_UINT16;
     case DType::kOther:
       break;
   }

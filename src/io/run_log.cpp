@@ -46,7 +46,9 @@ const std::vector<Field<StepRow>>& step_fields() {
       {"allreduce_seconds", &StepRow::allreduce_seconds},
       {"retry_seconds", &StepRow::retry_seconds},
       {"loss_scale", &StepRow::loss_scale},
-      {"data_cpu_seconds", &StepRow::data_cpu_seconds}};
+      {"data_cpu_seconds", &StepRow::data_cpu_seconds},
+      {"tokens", &StepRow::tokens},
+      {"padded_tokens", &StepRow::padded_tokens}};
   return fields;
 }
 const std::vector<Field<OomRow>>& oom_fields() {

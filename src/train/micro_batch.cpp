@@ -1,4 +1,4 @@
-// MicroBatchPolicy: halving with a floor of 1.
+// MicroBatchPolicy: halving down to a floor (1 row, or the longest document's tokens).
 #include "autoaccum/train/micro_batch.hpp"
 
 #include <algorithm>
@@ -9,11 +9,13 @@
 namespace autoaccum::train {
 
 MicroBatchPolicy::MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std::int64_t> fixed,
-                                   std::optional<std::int64_t> resumed, bool refine)
+                                   std::optional<std::int64_t> resumed, bool refine,
+                                   std::int64_t floor)
     : current_(per_rank_rows),
       automatic_(!fixed),
       refine_(refine && !fixed),
-      per_rank_rows_(per_rank_rows) {
+      per_rank_rows_(per_rank_rows),
+      floor_(std::max<std::int64_t>(1, std::min(floor, per_rank_rows))) {
   if (per_rank_rows < 1) throw Error("MicroBatchPolicy: a rank must have at least one row");
   if (fixed) {
     if (*fixed < 1) throw UsageError("--micro-batch must be 'auto' or at least 1");
@@ -24,18 +26,18 @@ MicroBatchPolicy::MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std
     }
     current_ = *fixed;
   } else if (resumed && *resumed >= 1) {
-    current_ = std::min(*resumed, per_rank_rows);
+    current_ = std::max(floor_, std::min(*resumed, per_rank_rows));
   }
 }
 
 std::optional<std::int64_t> MicroBatchPolicy::after_oom() {
-  if (!automatic_ || current_ <= 1) return std::nullopt;
+  if (!automatic_ || current_ <= floor_) return std::nullopt;
   failed_ = failed_ > 0 ? std::min(failed_, current_) : current_;
   if (refine_ && probing_ && fitted_ > 0 && fitted_ < current_) {
     current_ = fitted_;  // the probe did not fit: back to the last size that did
   } else {
     if (fitted_ >= current_) fitted_ = 0;  // a size that fitted before no longer does
-    current_ = std::max<std::int64_t>(current_ / 2, 1);
+    current_ = std::max<std::int64_t>(current_ / 2, floor_);
   }
   probing_ = false;
   return current_;
@@ -61,13 +63,13 @@ std::int64_t MicroBatchPolicy::accumulation(std::int64_t rows) const noexcept {
 RankMicroBatches::RankMicroBatches(int world, std::int64_t per_rank_rows,
                                    std::optional<std::int64_t> fixed,
                                    const std::vector<std::int64_t>& resumed, bool refine,
-                                   bool per_rank)
+                                   bool per_rank, std::int64_t floor)
     : per_rank_(per_rank) {
   if (world < 1) throw Error("RankMicroBatches: no ranks");
   for (int r = 0; r < world; ++r) {
     std::optional<std::int64_t> start;
     if (!resumed.empty()) start = resumed[static_cast<std::size_t>(r) % resumed.size()];
-    policies_.emplace_back(per_rank_rows, fixed, start, refine);
+    policies_.emplace_back(per_rank_rows, fixed, start, refine, floor);
   }
 }
 

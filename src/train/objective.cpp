@@ -89,6 +89,10 @@ std::string Objective::check_output(const at::Tensor& output, std::int64_t rows,
   const std::vector<std::int64_t> shape(output.sizes().begin(), output.sizes().end());
   std::vector<std::int64_t> expected{rows};
   expected.insert(expected.end(), target_shape_.begin(), target_shape_.end());
+  // Document data: a per-token target's length (-1) is the micro-batch's padded length.
+  for (std::size_t i = 1; i < expected.size(); ++i) {
+    if (expected[i] < 0 && i < shape.size()) expected[i] = shape[i];
+  }
   std::ostringstream problem;
   if (classification()) {
     bool fits = shape.size() == expected.size() + 1 && shape.back() >= classes_;

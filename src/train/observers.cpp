@@ -127,7 +127,9 @@ void ProgressObserver::on_oom(const OomEvent& event) {
   const bool several = event.micro_batches.size() > 1 &&
                        std::any_of(event.micro_batches.begin(), event.micro_batches.end(),
                                    [&](std::int64_t m) { return m != event.micro_batches[0]; });
-  std::cout << event.ranks_text << " ran out of memory at micro-batch" << (several ? "es " : " ")
+  std::cout << event.ranks_text << " ran out of memory at "
+            << (event.tokens ? "token budget" : "micro-batch")
+            << (several ? (event.tokens ? "s " : "es ") : " ")
             << (several ? sizes_text(event.micro_batches) : std::to_string(event.micro_batches[0]))
             << event.where_text << (event.probe ? " (a probe)" : "") << " (limit "
             << event.limit_text << "); ";
@@ -159,8 +161,8 @@ void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks)
       std::any_of(ranks.rows.begin(), ranks.rows.end(),
                   [&](std::int64_t v) { return v > ranks.rows.front() + 1; });
   if (differ && m.size() == ranks.rows.size()) {
-    std::vector<std::int64_t> counts;
-    for (std::size_t r = 0; r < m.size(); ++r)
+    std::vector<std::int64_t> counts = ranks.pieces;
+    for (std::size_t r = 0; counts.empty() && r < m.size(); ++r)
       counts.push_back((ranks.rows[r] + m[r] - 1) / std::max<std::int64_t>(m[r], 1));
     std::string a = sizes_text(m), b = sizes_text(counts);
     a.erase(std::remove(a.begin(), a.end(), ' '), a.end());
@@ -168,6 +170,20 @@ void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks)
     sizes = a + " x " + b;
   }
   char line[240];
+  if (!ranks.pieces.empty()) {
+    // Documents: "tokens 4096 x 3  pad 4%": budget x micro-batches, and the step's padding.
+    const double padding =
+        row.padded_tokens > 0
+            ? 100.0 * (1.0 - static_cast<double>(row.tokens) / static_cast<double>(row.padded_tokens))
+            : 0.0;
+    std::snprintf(line, sizeof line,
+                  "step %lld/%lld  loss %.4f  lr %.4g  tokens %s  pad %.0f%%  %s docs/s  ETA %s",
+                  static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss,
+                  row.lr, sizes.c_str(), padding, rate_text(rate).c_str(),
+                  duration_text(eta).c_str());
+    std::cout << line << std::endl;
+    return;
+  }
   std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.4g  m %s  %s samples/s  ETA %s",
                 static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss,
                 row.lr, sizes.c_str(), rate_text(rate).c_str(), duration_text(eta).c_str());

@@ -73,9 +73,27 @@ data::Batch Trainer::State::read_rank_rows(std::int64_t global_step) const {
   const std::int64_t per_epoch = plan->batches_per_epoch();
   const memory::UncountedScope staging;  // host staging, as pinned memory on a GPU
   const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
-  const auto offsets = shares->offsets(global_step);
+  const auto offsets = rank_offsets(global_step);
   const auto r = static_cast<std::size_t>(rank);
   return reader->read(batch.begin + offsets[r], batch.begin + offsets[r + 1]);
+}
+
+std::vector<std::int64_t> Trainer::State::rank_offsets(std::int64_t global_step) const {
+  if (!documents()) return shares->offsets(global_step);
+  const std::int64_t per_epoch = plan->batches_per_epoch();
+  const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
+  return data::token_balanced_offsets(reader->schema().lengths.data() + batch.begin, batch.size(),
+                                      world);
+}
+
+data::MicroBatchPlan Trainer::State::rank_plan(std::int64_t global_step, int r) const {
+  const std::int64_t per_epoch = plan->batches_per_epoch();
+  const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
+  const auto offsets = rank_offsets(global_step);
+  const auto& lengths = reader->schema().lengths;
+  const auto first = lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r)];
+  const auto last = lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r) + 1];
+  return data::plan_documents(std::vector<std::int64_t>(first, last), micro_batches->current(r));
 }
 
 // One attempt at the current batch with micro-batch m. Every rank returns the same outcome: it
@@ -83,7 +101,6 @@ data::Batch Trainer::State::read_rank_rows(std::int64_t global_step) const {
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   reduce->zero();
   std::fill(control_values.begin(), control_values.end(), 0.0f);
-  const auto input_count = static_cast<std::size_t>(slab.size() - 1);
   // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
   // micro-batch (it matters on a GPU).
   at::Tensor local_loss, local_weight;
@@ -98,7 +115,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     guard.emplace(*model_state);
     // Lower precision: each weight cast once for all the attempt's micro-batches.
     const CastCacheScope casts(options.precision);
-    for (std::int64_t offset = 0; offset < slab.rows(); offset += m) {
+    // Which rows go together: slices of m rows, or documents under a budget of m tokens.
+    const data::MicroBatchPlan cut = data::plan_micro_batches(slab, m);
+    for (const data::MicroBatchPiece& piece : cut.pieces) {
       // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
       // scheduler's grace time; the ranks agree at the collective below to drop the step.
       if (stop_requested()) {
@@ -106,8 +125,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         break;
       }
       const auto micro_start = Clock::now();
-      const data::Batch micro = slab.slice(offset, m);
+      const data::Batch micro = data::micro_batch(slab, piece);
       std::vector<at::Tensor> inputs;
+      const std::size_t input_count = micro.size() - 1;  // the fields: inputs, then the target
       for (std::size_t i = 0; i < input_count; ++i)
         inputs.push_back(context.on_device(micro[i]));
       phase = AttemptPhase::kForward;
@@ -126,9 +146,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         // Injected after the forward pass, so the activations exist when it throws, as in a
         // real OOM late in forward; they must be released like a real one's.
         if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
-                        [&](const auto& i) { return i.fires(rank, micro.rows(), step); })) {
+                        [&](const auto& i) { return i.fires(rank, piece.size(), step); })) {
           memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
-                                      std::to_string(micro.rows()));
+                                      std::to_string(piece.size()));
         }
         if (!objective->from_model()) {
           phase = AttemptPhase::kLoss;
@@ -138,7 +158,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
       phase = AttemptPhase::kBackward;
       at::Tensor scaled = terms.sum;
       if (loss_scale.enabled()) scaled = scaled * loss_scale.value();
-      if (offset == 0 &&
+      if (&piece == &cut.pieces.front() &&
           std::any_of(options.inject_overflow.begin(), options.inject_overflow.end(),
                       [&](const auto& i) { return i.rank == rank && i.step == step; }))
         scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
@@ -233,6 +253,7 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
       event.next.push_back(micro_batches->current(r));
   }
   event.per_rank = micro_batches->per_rank();
+  event.tokens = documents();
   event.world = world;
   event.limit_text = limit_text(options.memory_limits.empty() ? std::vector<int>{} : event.ranks);
   result.oom_events += static_cast<std::int64_t>(event.ranks.size());
@@ -242,12 +263,23 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
     for (int r : event.ranks)
       worst_peak = std::max(worst_peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
     std::ostringstream message;
-    message << event.ranks_text << " ran out of memory at micro-batch "
+    message << event.ranks_text << " ran out of memory at "
+            << (documents() ? "token budget " : "micro-batch ")
             << sizes_text(event.micro_batches) << event.where_text << " (limit " << event.limit_text
             << ", peak " << memory::format_bytes(worst_peak) << ") at step " << step << ": ";
-    if (micro_batches->automatic()) {
+    if (micro_batches->automatic() && documents()) {
+      const auto& lengths = reader->schema().lengths;
+      const auto longest = std::max_element(lengths.begin(), lengths.end());
+      message << "the longest document (" << (longest - lengths.begin()) << ", " << *longest
+              << " tokens) does not fit even alone; split long documents (autoaccum import text "
+                 "--documents --max-length N), raise --memory-limit or use a smaller model";
+    } else if (micro_batches->automatic()) {
       message << "the model does not fit even at micro-batch 1; raise --memory-limit, use more "
                  "ranks or a smaller model";
+    } else if (documents()) {
+      message << "--micro-batch-tokens " << event.micro_batches.front()
+              << " is fixed; use --micro-batch-tokens auto to let autoaccum find a budget that "
+                 "fits";
     } else {
       message << "--micro-batch " << event.micro_batches.front()
               << " is fixed; use --micro-batch auto to let autoaccum find a size that fits";
@@ -408,7 +440,24 @@ TrainResult Trainer::run_steps() {
             ": non-finite loss or gradient on some rank; step skipped (" +
             std::to_string(s.result.skipped_steps) + " so far)");
     }
-    const std::vector<std::int64_t> step_shares = s.shares->shares(s.step);
+    std::vector<std::int64_t> step_shares;
+    {
+      const auto offsets = s.rank_offsets(s.step);
+      for (std::size_t r = 0; r + 1 < offsets.size(); ++r)
+        step_shares.push_back(offsets[r + 1] - offsets[r]);
+    }
+    // Document data: every rank's plan at the budgets that succeeded, for the run log.
+    std::int64_t step_tokens = 0, step_padded = 0, rank0_pieces = 0;
+    std::vector<std::int64_t> rank_pieces;
+    if (s.documents() && s.root) {
+      for (int r = 0; r < s.world; ++r) {
+        const data::MicroBatchPlan cut = s.rank_plan(s.step, r);
+        step_tokens += cut.tokens;
+        step_padded += cut.padded_tokens;
+        rank_pieces.push_back(static_cast<std::int64_t>(cut.pieces.size()));
+      }
+      rank0_pieces = rank_pieces.front();
+    }
     ++s.step;
     last_loss = outcome.loss;
 
@@ -418,7 +467,10 @@ TrainResult Trainer::run_steps() {
     row.step = s.step - 1;
     row.epoch = (s.step - 1) / per_epoch;
     row.micro_batch = s.micro_batches->current(0);
-    row.accumulation = s.micro_batches->accumulation(0, step_shares.front());
+    row.accumulation = s.documents() ? rank0_pieces
+                                     : s.micro_batches->accumulation(0, step_shares.front());
+    row.tokens = step_tokens;
+    row.padded_tokens = step_padded;
     row.loss = outcome.loss;
     row.lr = lr;
     row.loss_scale = loss_scale;
@@ -436,6 +488,7 @@ TrainResult Trainer::run_steps() {
     figures.peak_bytes = s.peak_bytes;
     figures.micro_batches = s.micro_batches->sizes();
     figures.rows = step_shares;
+    figures.pieces = rank_pieces;
     s.notify([&](StepObserver& observer) { observer.on_step(row, figures); });
     if (o.balance) s.rebalance(step_shares, outcome.compute_seconds);
 

@@ -93,10 +93,15 @@ io::DataOrder Trainer::State::describe_data_order() const {
   const std::int64_t n = d.rows;
   for (const std::int64_t row : {std::int64_t{0}, n / 3, (2 * n) / 3, n - 1}) {
     const data::Batch one = reader->read(row, row + 1);
-    for (std::size_t i = 0; i < one.size(); ++i) {
-      const at::Tensor t = one[i].contiguous();
-      print.add(t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
+    std::vector<at::Tensor> values;
+    for (std::size_t i = 0; i < one.size(); ++i)
+      values.push_back(one[i].contiguous());
+    if (const data::Documents* documents = one.documents()) {
+      values.push_back(documents->tokens);
+      if (documents->labels.defined()) values.push_back(documents->labels);
     }
+    for (const at::Tensor& t : values)
+      print.add(t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
   }
   d.fingerprint = print.hex();
   return d;

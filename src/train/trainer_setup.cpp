@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -206,6 +207,8 @@ void Trainer::State::warn_about_slow_data() const {
   std::int64_t bytes = 0;
   for (std::size_t i = 0; i < slab.size(); ++i)
     bytes += static_cast<std::int64_t>(slab[i].nbytes());
+  if (const data::Documents* documents = slab.documents())
+    bytes += static_cast<std::int64_t>(documents->tokens.nbytes());
   std::ostringstream line;
   line << "autoaccum: warning: --data: " << compressed.front();
   if (compressed.size() > 1) line << " and " << compressed.size() - 1 << " more";
@@ -232,6 +235,14 @@ void Trainer::State::open_data() {
                                                       o.ignore_index);
       const auto& a = reader->schema();
       const auto& b = val_reader->schema();
+      if (a.documents != b.documents || a.fields.size() != b.fields.size()) {
+        throw InputError("--val-data '" + val_reader->paths().front() + "' holds " +
+                         (b.documents ? "documents" : "rows") + " with " +
+                         std::to_string(b.fields.size()) + " field(s), but --data '" +
+                         reader->paths().front() + "' holds " +
+                         (a.documents ? "documents" : "rows") + " with " +
+                         std::to_string(a.fields.size()));
+      }
       for (std::size_t i = 0; i < a.fields.size(); ++i) {
         if (a.fields[i].type != b.fields[i].type ||
             a.fields[i].row_shape != b.fields[i].row_shape) {
@@ -269,12 +280,66 @@ void Trainer::State::open_data() {
                        std::to_string(o.global_batch) +
                        ": lower --micro-batch or use --micro-batch auto");
     }
-    micro_batches = std::make_unique<RankMicroBatches>(
-        world, plan->max_rank_rows(), o.micro_batch, std::vector<std::int64_t>{},
-        o.refine_micro_batch, o.micro_batch_per_rank);
+    if (schema.documents) {
+      choose_token_budgets();
+    } else {
+      if (o.micro_batch_tokens_given) {
+        throw UsageError("--micro-batch-tokens: --data '" + reader->paths().front() +
+                         "' holds rows, not documents; use --micro-batch");
+      }
+      micro_batches = std::make_unique<RankMicroBatches>(
+          world, plan->max_rank_rows(), o.micro_batch, std::vector<std::int64_t>{},
+          o.refine_micro_batch, o.micro_batch_per_rank);
+    }
     schedule = make_schedule(o.lr, o.warmup_steps, total_steps, o.schedule);
     if (o.lr <= 0 || !std::isfinite(o.lr)) throw UsageError("--lr must be positive");
   });
+}
+
+// Document data: micro-batch sizes are budgets of padded tokens. `auto` starts at the largest
+// padded size any rank's share of any batch has as one micro-batch (the whole share, as rows
+// start at the whole share), and halving stops at the longest document, which must go alone.
+void Trainer::State::choose_token_budgets() {
+  const auto& o = options;
+  const auto& schema = reader->schema();
+  const std::string data = "--data '" + reader->paths().front() + "'";
+  if (o.micro_batch_given) {
+    throw UsageError("--micro-batch counts rows, but " + data +
+                     " holds documents: use --micro-batch-tokens auto|N (padded tokens per "
+                     "micro-batch)");
+  }
+  if (o.model_file.empty()) {
+    throw UsageError(data + " holds documents: train them with --model-file (a TorchScript model "
+                     "taking token ids [m, L]); --model " + o.model + " takes fixed rows");
+  }
+  if (o.balance) {
+    throw UsageError("--balance throughput: not available for document data yet (" + data +
+                     "); each rank gets near-equal tokens of every batch");
+  }
+  const auto& lengths = schema.lengths;
+  const auto longest = std::max_element(lengths.begin(), lengths.end()) - lengths.begin();
+  if (o.micro_batch_tokens && *o.micro_batch_tokens < schema.max_length) {
+    throw UsageError("--micro-batch-tokens " + std::to_string(*o.micro_batch_tokens) +
+                     " cannot hold document " + std::to_string(longest) + " of " + data + " (" +
+                     std::to_string(schema.max_length) +
+                     " tokens) even alone; raise it, or split long documents with autoaccum "
+                     "import text --documents --max-length N");
+  }
+  std::int64_t start = 1;
+  const std::int64_t batch = plan->global_batch();
+  for (std::int64_t b = 0; b < plan->batches_per_epoch(); ++b) {
+    const std::int64_t* first = lengths.data() + b * batch;
+    const auto offsets = data::token_balanced_offsets(first, batch, world);
+    for (int r = 0; r < world; ++r) {
+      start = std::max(start, data::padded_size(std::vector<std::int64_t>(
+                                  first + offsets[static_cast<std::size_t>(r)],
+                                  first + offsets[static_cast<std::size_t>(r) + 1])));
+    }
+  }
+  if (o.micro_batch_tokens) start = std::max(start, *o.micro_batch_tokens);
+  micro_batches = std::make_unique<RankMicroBatches>(
+      world, start, o.micro_batch_tokens, std::vector<std::int64_t>{}, o.refine_micro_batch,
+      o.micro_batch_per_rank, schema.max_length);
 }
 
 void Trainer::State::build_model() {
@@ -346,7 +411,11 @@ void Trainer::State::trial() {
     if (part.size() < 1) return;
     data::Batch rows = [&] {
       const memory::UncountedScope staging;
-      return reader->read(part.begin, std::min(part.end, part.begin + 2));
+      data::Batch slab = reader->read(part.begin, std::min(part.end, part.begin + 2));
+      if (!slab.documents()) return slab;
+      // Documents: the first two, padded as one micro-batch.
+      const auto cut = data::plan_micro_batches(slab, std::numeric_limits<std::int64_t>::max() / 4);
+      return data::micro_batch(slab, cut.pieces.front());
     }();
     const auto& schema = reader->schema();
     std::ostringstream what;
@@ -483,7 +552,8 @@ void Trainer::State::open_observers() {
           {"memory_limit", memory_limit_text()},
           {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
           {"balance", balance_text()},
-          {"precision", to_string(options.precision)}};
+          {"precision", to_string(options.precision)},
+          {"micro_batch_unit", documents() ? "tokens" : "rows"}};
       header.numbers = {
           {"lr", options.lr},
           {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
@@ -517,12 +587,23 @@ void Trainer::State::announce() {
            << " buffer value(s) averaged over the ranks every step";
   }
   banner << "\nautoaccum: loss: " << objective->describe()
-         << "\nautoaccum: " << reader->schema().rows << " rows, global batch "
-         << options.global_batch << " (" << plan->batches_per_epoch() << " batches per epoch), "
-         << total_steps << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
-         << (micro_batches->per_rank() ? " per rank" : "")
-         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
-         << "; memory limit " << memory_limit_text()
+         << "\nautoaccum: ";
+  if (documents()) {
+    banner << reader->schema().describe_documents() << "\nautoaccum: global batch "
+           << options.global_batch << " documents, split between ranks by tokens ("
+           << plan->batches_per_epoch() << " batches per epoch), " << total_steps
+           << " steps; micro-batch tokens " << (micro_batches->automatic() ? "auto" : "fixed")
+           << (micro_batches->per_rank() ? " per rank" : "")
+           << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
+           << " padded tokens (documents x longest)";
+  } else {
+    banner << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
+           << plan->batches_per_epoch() << " batches per epoch), " << total_steps
+           << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
+           << (micro_batches->per_rank() ? " per rank" : "")
+           << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe();
+  }
+  banner << "; memory limit " << memory_limit_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
   banner << "\nautoaccum: "
          << describe_precision(options.precision, context.use_cuda, lower_gemm_speedup,

@@ -17,6 +17,7 @@
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/core/output_lock.hpp"
 #include "autoaccum/data/batch_plan.hpp"
+#include "autoaccum/data/micro_batch_plan.hpp"
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
@@ -123,6 +124,7 @@ struct Trainer::State {
   void setup();
   void choose_device();
   void open_data();
+  void choose_token_budgets();
   void build_model();
   void take_outputs();
   void trial();
@@ -136,6 +138,14 @@ struct Trainer::State {
   // Where the run is, for a collective timeout's message: the step and the last checkpoint.
   std::string watchdog_context() const;
   data::Batch read_rank_rows(std::int64_t global_step) const;
+  // Document data (rows are documents; micro-batch sizes are token budgets).
+  bool documents() const { return reader->schema().documents; }
+  // Rank r's rows of step `global_step` are [offsets[r], offsets[r + 1]) of its global batch:
+  // the schedule's split for rows, near-equal tokens for documents.
+  std::vector<std::int64_t> rank_offsets(std::int64_t global_step) const;
+  // Document data: rank r's micro-batch plan at step `global_step` under its current budget
+  // (every rank can compute every rank's: the lengths and the budgets are known everywhere).
+  data::MicroBatchPlan rank_plan(std::int64_t global_step, int r) const;
   StepOutcome attempt(const data::Batch& slab, std::int64_t m);
   void after_out_of_memory(const StepOutcome& outcome);
   void rebalance(const std::vector<std::int64_t>& step_shares,

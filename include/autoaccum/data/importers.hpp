@@ -29,6 +29,10 @@ struct TextOptions {
   std::string out_dir;
   std::int64_t context = 128;         // tokens per window (T)
   double validation_fraction = 0.05;  // the held-out tail
+  // Documents instead of windows: "" (windows), "file", "fortune" (entries between lines
+  // holding only %), or "paragraph" (text between blank lines).
+  std::string documents;
+  std::int64_t max_length = 0;  // documents: longer ones are split into pieces of at most this
 };
 struct TextImport {
   std::vector<std::string> paths;  // text-train.h5, text-val.h5
@@ -44,6 +48,13 @@ struct TextImport {
 // is written to a temporary name and renamed. InputError for a missing source or a corpus
 // shorter than two windows.
 TextImport import_text(const TextOptions& options);
+
+// Document data from text (docs/data-format.md): each source file is cut into documents
+// (options.documents), empty ones (only white space) dropped, longer than max_length split into
+// consecutive pieces; tokens uint8 (encoding = integer) and offsets int64, num_classes = 256,
+// into text-docs-train.h5 and text-docs-val.h5 (the last validation_fraction of the
+// documents, at least one). train_rows and val_rows count documents.
+TextImport import_text_documents(const TextOptions& options);
 
 struct SynthOptions {
   std::string out;

@@ -35,6 +35,15 @@ struct DataSchema {
   // The largest label, when the labels were read (integer targets, checked at open).
   std::optional<std::int64_t> max_label;
   const FieldSpec& target() const { return fields.back(); }
+
+  // Document data (a 1-D `tokens` and an int64 `offsets` dataset, docs/data-format.md): rows are
+  // documents of every length. The token input and a per-token target have row shape [-1].
+  bool documents = false;
+  std::vector<std::int64_t> lengths;  // every document's length in tokens, over all shards
+  std::int64_t tokens = 0;            // their sum
+  std::int64_t max_length = 0;        // the longest document
+  // "1000 documents, 51234 tokens; length min 3, p50 40, p90 120, p99 300, max 512"
+  std::string describe_documents() const;
   // One line per field, e.g. "x uint8 [60000, 1, 28, 28] (input)".
   std::string describe() const;
 };
@@ -45,6 +54,11 @@ struct DataSchema {
 std::vector<std::string> expand_data_paths(const std::vector<std::string>& arguments,
                                            const std::string& option = "--data");
 
+// Document data is recognised by its datasets `tokens` and `offsets`. --inputs is then `tokens`
+// (the default `x` means it) or `tokens,lengths`; --targets is the next token (the default `y`
+// when the file has no `y`, or `next`), a labels dataset on the tokens' offsets (one label per
+// token), or one of [documents] labels (one per document). read() returns the documents whole
+// (Batch::documents()); the micro-batch plan pads them.
 class SlabReader {
  public:
   // Opens every shard and checks the schema: the named datasets exist in every shard with the
@@ -78,11 +92,15 @@ class SlabReader {
 
  private:
   struct Shard;
+  void open_documents(std::vector<std::string> inputs, std::string target, bool check_labels,
+                      std::int64_t ignore_label);
+  Batch read_documents(std::int64_t begin, std::int64_t end) const;
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<std::int64_t> shard_first_row_;  // global index of each shard's first row
   DataSchema schema_;
   bool pinned_ = false;
+  Documents layout_;  // document data: how read() describes its documents (no tensors)
 };
 
 }  // namespace autoaccum::data

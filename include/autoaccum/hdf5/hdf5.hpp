@@ -68,7 +68,7 @@ class Handle {
 };
 
 // Element types autoaccum reads and writes.
-enum class DType { kUInt8, kInt64, kFloat32, kFloat64, kInt32, kOther };
+enum class DType { kUInt8, kInt64, kFloat32, kFloat64, kInt32, kUInt16, kOther };
 std::string to_string(DType type);
 hid_t native_type(DType type);  // H5T_NATIVE_* for kUInt8..kFloat64
 

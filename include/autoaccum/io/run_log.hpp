@@ -13,7 +13,7 @@ namespace autoaccum::io {
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
-inline constexpr std::int64_t kRunLogSchemaVersion = 5;
+inline constexpr std::int64_t kRunLogSchemaVersion = 6;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -33,6 +33,10 @@ struct StepRow {
   std::int64_t live_bytes = 0;   // rank 0's live tensor bytes after the step
   double allreduce_seconds = 0;  // rank 0's time in the step's gradient all-reduce(s)
   double retry_seconds = 0;      // time spent in this step's attempts that ran out of memory
+  // Document data: the global batch's real tokens, and the tokens the model processed with
+  // padding (every rank's micro-batches, rows x longest); 0 for row data.
+  std::int64_t tokens = 0;
+  std::int64_t padded_tokens = 0;
 };
 
 // Rank `rank` used micro-batch `micro_batch` on `rows` rows of the global batch from step `step`

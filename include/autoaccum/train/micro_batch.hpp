@@ -20,13 +20,16 @@ namespace autoaccum::train {
 class MicroBatchPolicy {
  public:
   // `per_rank_rows`: the largest rank part of a batch, ceil(B / W). `fixed`: --micro-batch N.
-  // `resumed`: the size a checkpoint recorded (automatic mode starts there).
+  // `resumed`: the size a checkpoint recorded (automatic mode starts there). `floor`: the
+  // smallest size halving may reach (document data: the longest document, in tokens).
   MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std::int64_t> fixed,
-                   std::optional<std::int64_t> resumed = std::nullopt, bool refine = false);
+                   std::optional<std::int64_t> resumed = std::nullopt, bool refine = false,
+                   std::int64_t floor = 1);
 
   std::int64_t current() const noexcept { return current_; }
   bool automatic() const noexcept { return automatic_; }
-  // After an OOM at current(): the next size, or nothing when it cannot shrink (fixed, or 1).
+  // After an OOM at current(): the next size, or nothing when it cannot shrink (fixed, or at
+  // the floor).
   std::optional<std::int64_t> after_oom();
   // After a step that succeeded at current(): with `refine`, may set a larger size to probe at
   // the next step; returns true when it did.
@@ -41,6 +44,7 @@ class MicroBatchPolicy {
   bool refine_ = false;
   bool probing_ = false;
   std::int64_t per_rank_rows_ = 1;
+  std::int64_t floor_ = 1;
   std::int64_t fitted_ = 0;  // the largest size that completed a step (0: none yet)
   std::int64_t failed_ = 0;  // the smallest size that ran out of memory (0: none yet)
 };
@@ -56,7 +60,8 @@ class RankMicroBatches {
  public:
   // `resumed`: the sizes a checkpoint recorded, one per rank (or empty).
   RankMicroBatches(int world, std::int64_t per_rank_rows, std::optional<std::int64_t> fixed,
-                   const std::vector<std::int64_t>& resumed, bool refine, bool per_rank);
+                   const std::vector<std::int64_t>& resumed, bool refine, bool per_rank,
+                   std::int64_t floor = 1);
 
   std::int64_t current(int rank) const {
     return policies_.at(static_cast<std::size_t>(rank)).current();

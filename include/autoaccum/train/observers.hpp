@@ -24,6 +24,7 @@ struct OomEvent {
                                    // cannot shrink further and stops
   bool per_rank = false;           // --micro-batch-scope rank: the other ranks keep their sizes
   bool probe = false;              // the size was a refine probe
+  bool tokens = false;             // document data: the sizes are token budgets
   std::int64_t world = 1;
   std::string limit_text;  // "16.0 MiB per rank" | "no --memory-limit"
 };
@@ -33,6 +34,8 @@ struct RankFigures {
   std::vector<std::int64_t> peak_bytes;     // the largest peak each has reported so far
   std::vector<std::int64_t> micro_batches;  // the size each used in the step
   std::vector<std::int64_t> rows;           // its part of the global batch
+  // Document data: each rank's micro-batches in the step (sizes are then token budgets).
+  std::vector<std::int64_t> pieces;
 };
 
 // "64" or "64, 32" (a list of sizes for messages).

@@ -35,6 +35,10 @@ struct TrainOptions {
 
   std::int64_t global_batch = 256;
   std::optional<std::int64_t> micro_batch;  // nullopt: auto
+  bool micro_batch_given = false;           // --micro-batch on the command line
+  // Document data: --micro-batch-tokens N, padded tokens per micro-batch (nullopt: auto).
+  std::optional<std::int64_t> micro_batch_tokens;
+  bool micro_batch_tokens_given = false;
   bool refine_micro_batch = false;          // --micro-batch-search refine
   std::int64_t steps = 0;                   // 0: from epochs
   double epochs = 0;

@@ -1,0 +1,58 @@
+// MicroBatchPlan: which rows of a rank's slab go through the model together, and their padded
+// shape. Row data is cut into consecutive slices of m rows (views); document data into groups
+// of documents, longest first, whose padded size (documents x longest) stays within a token
+// budget. The step loop runs a plan without knowing which kind it is.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autoaccum/data/batch.hpp"
+
+namespace autoaccum::data {
+
+struct MicroBatchPiece {
+  std::int64_t first = 0;                // rows: the slab's first row in it
+  std::vector<std::int64_t> documents;   // documents: the slab's documents in it, longest first
+  std::int64_t count = 0;                // rows or documents in it
+  std::int64_t width = 0;                // documents: the padded length (its longest); rows: 0
+  std::int64_t tokens = 0;               // documents: the real tokens in it
+  // The size a budget limits: padded tokens for documents, rows for rows.
+  std::int64_t size() const noexcept { return width > 0 ? count * width : count; }
+};
+
+struct MicroBatchPlan {
+  std::vector<MicroBatchPiece> pieces;
+  std::int64_t tokens = 0;         // documents: real tokens over every piece
+  std::int64_t padded_tokens = 0;  // documents: what the model processes (rows x width summed)
+};
+
+// Row data: ceil(rows / size) consecutive slices of `size` rows (the last may be shorter).
+MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size);
+
+// Documents of these lengths under a budget of `budget` padded tokens: ordered longest first
+// (ties in slab order), each piece takes the next documents while (count x its first, longest
+// document) <= budget, and at least one. A document longer than the budget goes alone.
+MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget);
+
+// The plan for a slab read by SlabReader: rows, or its documents' lengths; `size` is rows or a
+// token budget.
+MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size);
+
+// The fields of one piece, in the slab's order (inputs, then the target). Rows: views of the
+// slab. Documents: token ids int64 [m, width] padded on the right with 0, then (--inputs
+// tokens,lengths) the lengths int64 [m], then the target: [m, width] next tokens or labels
+// padded with the ignore index (a document's last position has no next token), or [m] labels.
+Batch micro_batch(const Batch& slab, const MicroBatchPiece& piece);
+
+// The padded size of `lengths` as one micro-batch: count x longest (at least 1 wide).
+std::int64_t padded_size(const std::vector<std::int64_t>& lengths);
+
+// A batch of `count` documents of these lengths split between `world` ranks into contiguous
+// ranges of near-equal tokens: offsets [world + 1] into the batch, each rank at least one
+// document (count >= world). Rank r's range ends where the running total comes nearest to
+// r+1 / world of the batch's tokens (integer arithmetic: the same cut on every platform).
+std::vector<std::int64_t> token_balanced_offsets(const std::int64_t* lengths, std::int64_t count,
+                                                 int world);
+
+}  // namespace autoaccum::data

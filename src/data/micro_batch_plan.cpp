@@ -1,0 +1,135 @@
+// MicroBatchPlan: row slices and length-ordered, budgeted groups of documents.
+#include "autoaccum/data/micro_batch_plan.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "autoaccum/core/error.hpp"
+
+namespace autoaccum::data {
+
+MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size) {
+  if (size < 1) throw Error("plan_rows: micro-batch " + std::to_string(size));
+  MicroBatchPlan plan;
+  for (std::int64_t first = 0; first < rows; first += size) {
+    MicroBatchPiece piece;
+    piece.first = first;
+    piece.count = std::min(size, rows - first);
+    plan.pieces.push_back(std::move(piece));
+  }
+  return plan;
+}
+
+MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget) {
+  if (budget < 1) throw Error("plan_documents: budget " + std::to_string(budget));
+  std::vector<std::int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return lengths[static_cast<std::size_t>(a)] > lengths[static_cast<std::size_t>(b)];
+  });
+  MicroBatchPlan plan;
+  for (std::size_t i = 0; i < order.size();) {
+    MicroBatchPiece piece;
+    piece.width = std::max<std::int64_t>(1, lengths[static_cast<std::size_t>(order[i])]);
+    while (i < order.size() && (piece.count == 0 || (piece.count + 1) * piece.width <= budget)) {
+      piece.documents.push_back(order[i]);
+      piece.tokens += lengths[static_cast<std::size_t>(order[i])];
+      ++piece.count;
+      ++i;
+    }
+    plan.tokens += piece.tokens;
+    plan.padded_tokens += piece.size();
+    plan.pieces.push_back(std::move(piece));
+  }
+  return plan;
+}
+
+MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size) {
+  const Documents* documents = slab.documents();
+  if (!documents) return plan_rows(slab.rows(), size);
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t i = 0; i < documents->count(); ++i)
+    lengths.push_back(documents->length(i));
+  return plan_documents(lengths, size);
+}
+
+std::int64_t padded_size(const std::vector<std::int64_t>& lengths) {
+  if (lengths.empty()) return 0;
+  return static_cast<std::int64_t>(lengths.size()) *
+         std::max<std::int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+}
+
+std::vector<std::int64_t> token_balanced_offsets(const std::int64_t* lengths, std::int64_t count,
+                                                 int world) {
+  if (world < 1 || count < world)
+    throw Error("token_balanced_offsets: " + std::to_string(count) + " documents for " +
+                std::to_string(world) + " ranks");
+  std::vector<std::int64_t> prefix(static_cast<std::size_t>(count) + 1, 0);
+  for (std::int64_t i = 0; i < count; ++i)
+    prefix[static_cast<std::size_t>(i) + 1] = prefix[static_cast<std::size_t>(i)] + lengths[i];
+  const std::int64_t total = prefix.back();
+  const auto w = static_cast<std::int64_t>(world);
+  std::vector<std::int64_t> offsets(static_cast<std::size_t>(world) + 1, 0);
+  offsets.back() = count;
+  for (std::int64_t r = 1; r < w; ++r) {
+    // The first boundary whose running total reaches r/W of the tokens, or the one before it
+    // when that comes nearer (compared as prefix x W against total x r).
+    const std::int64_t goal = total * r;
+    std::int64_t i = std::lower_bound(prefix.begin(), prefix.end(), goal,
+                                      [&](std::int64_t p, std::int64_t g) { return p * w < g; }) -
+                     prefix.begin();
+    if (i > 0 && goal - prefix[static_cast<std::size_t>(i) - 1] * w <=
+                     (i <= count ? prefix[static_cast<std::size_t>(i)] * w - goal : goal))
+      --i;
+    const std::int64_t low = offsets[static_cast<std::size_t>(r) - 1] + 1;
+    const std::int64_t high = count - (w - r);
+    offsets[static_cast<std::size_t>(r)] = std::clamp(i, low, high);
+  }
+  return offsets;
+}
+
+Batch micro_batch(const Batch& slab, const MicroBatchPiece& piece) {
+  const Documents* documents = slab.documents();
+  if (!documents) return slab.slice(piece.first, piece.count);
+  const std::int64_t m = piece.count;
+  const std::int64_t width = piece.width;
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  at::Tensor ids = at::zeros({m, width}, longs);
+  at::Tensor lengths = at::empty({m}, longs);
+  const bool per_document = documents->target == Documents::Target::kPerDocument;
+  at::Tensor target = per_document ? at::empty({m}, longs)
+                                   : at::full({m, width}, documents->ignore_index, longs);
+  const std::int64_t* tokens = documents->tokens.data_ptr<std::int64_t>();
+  const std::int64_t* labels =
+      documents->labels.defined() ? documents->labels.data_ptr<std::int64_t>() : nullptr;
+  std::int64_t* out_ids = ids.data_ptr<std::int64_t>();
+  std::int64_t* out_lengths = lengths.data_ptr<std::int64_t>();
+  std::int64_t* out_target = target.data_ptr<std::int64_t>();
+  for (std::int64_t j = 0; j < m; ++j) {
+    const std::int64_t d = piece.documents[static_cast<std::size_t>(j)];
+    const std::int64_t start = documents->offsets[static_cast<std::size_t>(d)];
+    const std::int64_t n = documents->length(d);
+    out_lengths[j] = n;
+    std::copy(tokens + start, tokens + start + n, out_ids + j * width);
+    switch (documents->target) {
+      case Documents::Target::kNextToken:
+        if (n > 1) std::copy(tokens + start + 1, tokens + start + n, out_target + j * width);
+        break;
+      case Documents::Target::kPerToken:
+        std::copy(labels + start, labels + start + n, out_target + j * width);
+        break;
+      case Documents::Target::kPerDocument:
+        out_target[j] = labels[d];
+        break;
+    }
+  }
+  Batch batch;
+  batch.add("tokens", ids);
+  if (documents->lengths_input) batch.add("lengths", lengths);
+  batch.add(documents->target_name, target);
+  return batch;
+}
+
+}  // namespace autoaccum::data

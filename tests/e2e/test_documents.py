@@ -1,0 +1,277 @@
+"""Document data (tokens + offsets, docs/data-format.md): micro-batches are token budgets.
+
+Every training run here is compared with PyTorch's own computation of the global batch, done
+one document at a time with no padding at all: the loss is the sum of every counted token's
+cross-entropy over the batch divided by the count, and one SGD step follows. autoaccum cuts the
+same documents into length-ordered, right-padded [m, L] micro-batches, splits each batch
+between ranks by tokens, halves budgets after an out-of-memory (all ranks, or one rank with
+--micro-batch-scope rank), so agreement shows that none of that changes the gradient: padding
+contributes nothing and no token is lost or counted twice. Tolerance EXACT = 1e-5 of the update
+(fp32 sums in another order; measured about 1e-7). A run that dropped a micro-batch or counted
+padding lies 1e-2 or more away."""
+import os
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import user_models as um
+from harness import TempDirTest, autoaccum
+
+VOCAB = 13
+EXACT = 1e-5
+
+
+class DocLM(torch.nn.Module):
+    """Causal: token embedding, a mixing layer, a running mean over earlier positions, a head.
+    Right padding cannot reach an earlier position, so a padded row computes what the document
+    alone does."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(VOCAB, 8)
+        self.mix = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def forward(self, x):
+        h = torch.tanh(self.mix(self.tok(x)))
+        steps = torch.arange(1, x.size(1) + 1, dtype=h.dtype).view(1, -1, 1)
+        return self.head(torch.cumsum(h, 1) / steps)
+
+
+class DocClassifier(torch.nn.Module):
+    """forward(tokens [m, L], lengths [m]): the mean of each document's own embeddings (the
+    lengths mask the padding), then a head over 3 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(VOCAB, 8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x, lengths):
+        mask = (torch.arange(x.size(1)).view(1, -1) < lengths.view(-1, 1)).to(torch.float32)
+        h = (self.tok(x) * mask.unsqueeze(2)).sum(1) / lengths.clamp(min=1).view(-1, 1)
+        return self.head(torch.tanh(h))
+
+
+def documents(count, seed, longest=30):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, longest + 1, count)
+    lengths[3] = longest  # the longest is known
+    return [rng.integers(0, VOCAB, n).astype(np.int64) for n in lengths]
+
+
+def write_documents(path, docs, labels=None, dtype="uint16", offsets=None, classes=VOCAB):
+    with h5py.File(path, "w") as f:
+        f["tokens"] = np.concatenate(docs).astype(dtype)
+        f["offsets"] = offsets if offsets is not None else np.concatenate(
+            [[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        if labels is not None:
+            f["label"] = np.asarray(labels, dtype=np.int64)
+        f.attrs["num_classes"] = classes
+    return path
+
+
+def reference(model_path, docs, global_batch, steps, lr, labels=None):
+    """PyTorch, one document at a time, no padding: mean over the batch's counted items."""
+    model = torch.jit.load(model_path)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        start = step % (len(docs) // global_batch) * global_batch  # --shuffle none
+        opt.zero_grad()
+        total, count = 0.0, 0
+        for i in range(start, start + global_batch):
+            d = torch.from_numpy(docs[i])
+            if labels is None:
+                logits = model(d.view(1, -1))[0]
+                total = total + F.cross_entropy(logits[:-1], d[1:], reduction="sum")
+                count += len(d) - 1
+            else:
+                logits = model(d.view(1, -1), torch.tensor([len(d)]))
+                total = total + F.cross_entropy(logits, torch.tensor([labels[i]]), reduction="sum")
+                count += 1
+        (total / count).backward()
+        opt.step()
+    return model
+
+
+class Documents(TempDirTest):
+    prefix = "autoaccum-documents-"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.docs = documents(72, seed=3)
+        cls.data = write_documents(cls.path("docs.h5"), cls.docs)
+        cls.lm = um.save_scripted(DocLM(), cls.path("doclm.pt"))
+        cls.initial = {n: p.detach().numpy().copy()
+                       for n, p in torch.jit.load(cls.lm).named_parameters()}
+
+    def train(self, ranks, name, *args, model=None, data=None, steps=3, batch=12, expect=0):
+        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        r = autoaccum(ranks, "train", "--data", data or self.data, "--model-file", model or self.lm,
+                      "--threads", 1, "--shuffle", "none", "--lr", 0.1, "--momentum", 0,
+                      "--global-batch", batch, "--steps", steps, "--run-log", log,
+                      "--checkpoint", checkpoint, *args, timeout=120)
+        self.assertEqual(r.returncode, expect, r)
+        return r, log, checkpoint
+
+    def assert_equals_reference(self, checkpoint, steps=3, batch=12):
+        ref = reference(self.lm, self.docs, batch, steps, 0.1)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, ref, self.initial), EXACT)
+
+    def test_whole_shares_at_two_ranks_equal_pytorch_and_log_tokens_and_padding(self):
+        r, log, checkpoint = self.train(2, "whole")
+        self.assert_equals_reference(checkpoint)
+        self.assertIn("micro-batch tokens auto", r.stdout)
+        with h5py.File(log, "r") as f:
+            tokens, padded = f["steps/tokens"][:], f["steps/padded_tokens"][:]
+            self.assertEqual(f.attrs["micro_batch_unit"], "tokens")
+            g = {c: f[f"rank_sizes/{c}"][:] for c in ("step", "rank", "rows")}
+        lengths = [len(d) for d in self.docs]
+        self.assertEqual(list(tokens), [sum(lengths[s * 12:(s + 1) * 12]) for s in range(3)])
+        # With the whole share as one micro-batch, each rank pads to its longest document.
+        rows = {int(g["rank"][i]): int(g["rows"][i]) for i in range(len(g["step"]))
+                if g["step"][i] == 0}
+        first = lengths[:12]
+        expected = rows[0] * max(first[:rows[0]]) + rows[1] * max(first[rows[0]:])
+        self.assertEqual(int(padded[0]), expected)
+        # The split is by tokens: the ranks' token counts differ by less than one document.
+        t0, t1 = sum(first[:rows[0]]), sum(first[rows[0]:])
+        self.assertLessEqual(abs(t0 - t1), max(first))
+
+    def test_small_fixed_budget_at_three_ranks_equals_pytorch(self):
+        # 30 tokens: the longest document alone; shorter ones in twos and threes.
+        _, log, checkpoint = self.train(3, "fixed", "--micro-batch-tokens", 30)
+        self.assert_equals_reference(checkpoint)
+        with h5py.File(log, "r") as f:
+            self.assertTrue(all(f["steps/accumulation"][:] > 1))
+            self.assertEqual(set(f["steps/micro_batch"][:]), {30})
+
+    def test_out_of_memory_on_one_rank_of_three_halves_only_its_budget(self):
+        _, log, checkpoint = self.train(
+            3, "oom", "--micro-batch-scope", "rank", "--inject-oom", "rank=1,above=60,step=1")
+        self.assert_equals_reference(checkpoint)
+        with h5py.File(log, "r") as f:
+            ranks = f["oom/rank"][:]
+            self.assertGreater(len(ranks), 0)
+            self.assertEqual(set(ranks), {1})
+            before, after = f["oom/micro_batch"][:], f["oom/next_micro_batch"][:]
+            # Halved, never below the longest document (30 tokens), which must go alone.
+            self.assertEqual(list(after), [max(b // 2, 30) for b in before])
+            self.assertGreater(f["steps/oom_retries"][1], 0)
+
+    def test_out_of_memory_on_every_rank_at_two_ranks_equals_pytorch(self):
+        _, log, checkpoint = self.train(
+            2, "oomall", "--inject-oom", "rank=0,above=40,step=0;rank=1,above=40,step=0")
+        self.assert_equals_reference(checkpoint)
+        with h5py.File(log, "r") as f:
+            self.assertGreater(f["steps/oom_retries"][0], 0)
+            self.assertLessEqual(int(f["steps/micro_batch"][0]), 40)
+
+    def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
+        r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)
+        lines = um.error_lines(r)
+        self.assertTrue(any("longest document (3, 30 tokens) does not fit even alone" in line
+                            and "--max-length" in line for line in lines), r.stderr)
+
+    def test_per_document_labels_with_the_lengths_as_an_input(self):
+        rng = np.random.default_rng(5)
+        labels = rng.integers(0, 3, len(self.docs))
+        data = write_documents(self.path("labelled.h5"), self.docs, labels=labels, classes=3)
+        model = um.save_scripted(DocClassifier(), self.path("cls.pt"))
+        initial = {n: p.detach().numpy().copy() for n, p in torch.jit.load(model).named_parameters()}
+        _, _, checkpoint = self.train(2, "cls", "--inputs", "tokens,lengths", "--targets", "label",
+                                      "--micro-batch-tokens", 45, model=model, data=data)
+        ref = reference(model, self.docs, 12, 3, 0.1, labels=labels)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, ref, initial), EXACT)
+
+    def test_evaluation_is_per_token_over_the_validation_documents(self):
+        val_docs = documents(20, seed=9)
+        val = write_documents(self.path("val.h5"), val_docs)
+        _, log, checkpoint = self.train(2, "eval", "--val-data", val, "--eval-micro-batch", 40)
+        with h5py.File(log, "r") as f:
+            loss = float(f["eval/loss"][-1])
+        model = reference(self.lm, self.docs, 12, 3, 0.1)
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for d in val_docs:
+                d = torch.from_numpy(d)
+                total += float(F.cross_entropy(model(d.view(1, -1))[0][:-1], d[1:],
+                                               reduction="sum"))
+                count += len(d) - 1
+        self.assertAlmostEqual(loss, total / count, delta=1e-5 * loss)
+
+    def test_bad_document_files_are_one_line_and_exit_1(self):
+        docs = self.docs[:10]
+        good = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        cases = {
+            "starts": (dict(offsets=good + 1), "offsets' starts at 1; it must start at 0"),
+            "decreases": (dict(offsets=np.array([0, 5, 3] + list(good[3:]), dtype=np.int64)),
+                          "decreases at index 2 (5 then 3)"),
+            "past": (dict(offsets=np.concatenate([good[:-1], [good[-1] + 4]])),
+                     f"ends at {good[-1] + 4} but 'tokens' holds {good[-1]} tokens"),
+            "classes": (dict(classes=5), "is at or above num_classes 5"),
+        }
+        for name, (kw, message) in cases.items():
+            with self.subTest(name):
+                data = write_documents(self.path(f"baddata-{name}.h5"), docs, **kw)
+                r, _, _ = self.train(2, f"bad-{name}", data=data, batch=4, expect=1)
+                lines = um.error_lines(r)
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn(data, lines[0])
+                self.assertIn(message, lines[0])
+
+    def test_options_that_do_not_fit_document_data_are_refused(self):
+        rows = um.write_data(self.path("rows.h5"), *um.classification_data(40, (4,), 3, seed=1),
+                             classes=3)
+        cases = [
+            (dict(args=("--micro-batch-tokens", 29)), "--micro-batch-tokens 29 cannot hold "
+             "document 3"),
+            (dict(args=("--micro-batch", 4)), "--micro-batch counts rows"),
+            (dict(args=("--micro-batch-tokens", 64), data=rows,
+                  model=um.save_scripted(um.LinearBn(4, 5, 3), self.path("rows.pt"))),
+             "holds rows, not documents"),
+        ]
+        for kw, message in cases:
+            with self.subTest(message):
+                r, _, _ = self.train(2, "refused", *kw["args"], data=kw.get("data"),
+                                     model=kw.get("model"), batch=8, expect=1)
+                lines = um.error_lines(r)
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn(message, lines[0])
+
+
+class ImportDocuments(TempDirTest):
+    prefix = "autoaccum-import-documents-"
+
+    def test_fortunes_split_at_percent_lines_with_a_maximum_length(self):
+        source = self.path("cookies")
+        entries = ["A short one.\n", "Two\nlines.\n", "x" * 50 + "\n", "  \n", "Last.\n"]
+        with open(source, "w") as f:
+            f.write("%\n".join(entries))
+        out = self.path("out")
+        r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 20,
+                      "--out", out, source)
+        self.assertEqual(r.returncode, 0, r)
+        expected = []
+        for e in entries:
+            if e.strip():
+                expected += [e[i:i + 20] for i in range(0, len(e), 20)]
+        got = []
+        for name in ("text-docs-train.h5", "text-docs-val.h5"):
+            with h5py.File(os.path.join(out, name), "r") as f:
+                tokens, offsets = f["tokens"][:], f["offsets"][:]
+                self.assertEqual(f["tokens"].attrs["encoding"], "integer")
+                got += [bytes(tokens[offsets[i]:offsets[i + 1]]).decode()
+                        for i in range(len(offsets) - 1)]
+        self.assertEqual(got, expected)
+        r = autoaccum(1, "inspect", os.path.join(out, "text-docs-train.h5"))
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn(f"{len(expected) - 1} documents", r.stdout)
+        self.assertIn("max 20", r.stdout)
