@@ -73,12 +73,16 @@ double steady_throughput(const RunLogData& log) {
 
 void print_summary(const RunLogData& log, std::ostream& out) {
   const std::string status = log.attribute("status", "unknown");
+  // Document data: sizes are budgets of padded tokens (schema 6).
+  const bool tokens = log.attribute("micro_batch_unit") == "tokens";
   out << log.path << ": " << status << "\n";
   if (status == "failed") out << "  error: " << log.attribute("error") << "\n";
   const std::string nodes = log.attribute("nodes");
   out << "  " << log.attribute("world_size") << " rank(s)"
       << (nodes.empty() ? std::string() : " on " + nodes + " node(s)") << ", global batch "
-      << log.attribute("global_batch") << ", micro-batch " << log.attribute("micro_batch_mode")
+      << log.attribute("global_batch")
+      << (tokens ? " documents, micro-batch tokens " : ", micro-batch ")
+      << log.attribute("micro_batch_mode")
       << ", memory limit " << log.attribute("memory_limit", "none") << ", precision "
       << log.attribute("precision", "fp32") << "\n";
   out << "  model " << log.attribute("model", "?") << ", optimizer "
@@ -107,7 +111,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const auto oom_micro = values(log, "oom", "micro_batch");
   const auto oom_next = values(log, "oom", "next_micro_batch");
 
-  out << "\nMicro-batch timeline:\n";
+  out << (tokens ? "\nToken budget timeline (padded tokens per micro-batch):\n"
+                 : "\nMicro-batch timeline:\n");
   if (!micro.empty()) {
     // The size the run started at: the first failed size when the first step had OOMs.
     const bool first_failed = !oom_step.empty() && oom_step.front() == step.front();
@@ -182,6 +187,17 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   if (step_sum > 0)
     out << "; waiting for data " << number(100.0 * wait_sum / step_sum, "%.2f") << "% of step time";
   out << "\n";
+  if (tokens) {
+    const auto real = values(log, "steps", "tokens");
+    const auto padded = values(log, "steps", "padded_tokens");
+    const double real_sum = std::accumulate(real.begin(), real.end(), 0.0);
+    const double padded_sum = std::accumulate(padded.begin(), padded.end(), 0.0);
+    out << "Tokens: " << integer(real_sum) << " trained, " << integer(padded_sum)
+        << " processed with padding (" << number(padded_sum > 0 ? 100.0 * (1 - real_sum / padded_sum) : 0.0, "%.1f")
+        << "% padding)";
+    if (step_sum > 0) out << ", " << number(real_sum / step_sum, "%.0f") << " tokens/s";
+    out << "\n";
+  }
   const auto loss = values(log, "steps", "loss");
   if (!loss.empty())
     out << "Loss: first " << number(loss.front()) << ", last " << number(loss.back()) << "\n";

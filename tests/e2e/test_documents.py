@@ -142,6 +142,9 @@ class Documents(TempDirTest):
         # The split is by tokens: the ranks' token counts differ by less than one document.
         t0, t1 = sum(first[:rows[0]]), sum(first[rows[0]:])
         self.assertLessEqual(abs(t0 - t1), max(first))
+        summary = autoaccum(1, "log", log).stdout
+        self.assertIn(f"Tokens: {sum(lengths[:36])} trained, {int(sum(padded))} processed", summary)
+        self.assertIn("Token budget timeline", summary)
 
     def test_small_fixed_budget_at_three_ranks_equals_pytorch(self):
         # 30 tokens: the longest document alone; shorter ones in twos and threes.

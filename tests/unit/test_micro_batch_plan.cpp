@@ -1,0 +1,130 @@
+// MicroBatchPlan: budgets hold, every document lands in exactly one micro-batch, padding is on
+// the right, and the token split between ranks is near-equal; checked against brute force.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "autoaccum/data/micro_batch_plan.hpp"
+
+namespace autoaccum::data {
+namespace {
+
+std::vector<std::int64_t> random_lengths(std::size_t count, std::uint32_t seed) {
+  std::mt19937 random(seed);
+  std::vector<std::int64_t> lengths(count);
+  for (auto& n : lengths)
+    n = 1 + static_cast<std::int64_t>(random() % 60);
+  return lengths;
+}
+
+TEST(PlanDocuments, EveryDocumentOnceWithinTheBudgetLongestFirst) {
+  for (std::uint32_t seed = 0; seed < 20; ++seed) {
+    const auto lengths = random_lengths(5 + seed * 7, seed);
+    const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    for (const std::int64_t budget : {longest, 2 * longest + 3, std::int64_t{1} << 20}) {
+      const MicroBatchPlan plan = plan_documents(lengths, budget);
+      std::vector<int> seen(lengths.size(), 0);
+      std::int64_t tokens = 0, padded = 0, previous_width = longest + 1;
+      for (const auto& piece : plan.pieces) {
+        ASSERT_GE(piece.count, 1);
+        EXPECT_LE(piece.size(), budget);
+        EXPECT_LE(piece.width, previous_width);  // pieces come longest first
+        previous_width = piece.width;
+        std::int64_t piece_tokens = 0, piece_longest = 0;
+        for (auto d : piece.documents) {
+          ++seen[static_cast<std::size_t>(d)];
+          piece_tokens += lengths[static_cast<std::size_t>(d)];
+          piece_longest = std::max(piece_longest, lengths[static_cast<std::size_t>(d)]);
+        }
+        EXPECT_EQ(piece.width, piece_longest);
+        EXPECT_EQ(piece.tokens, piece_tokens);
+        tokens += piece_tokens;
+        padded += piece.count * piece.width;
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      EXPECT_EQ(plan.tokens, std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
+      EXPECT_EQ(plan.tokens, tokens);
+      EXPECT_EQ(plan.padded_tokens, padded);
+      if (budget >= padded_size(lengths)) {
+        EXPECT_EQ(plan.pieces.size(), 1u);
+      }
+    }
+  }
+}
+
+TEST(PlanDocuments, SortingByLengthPadsLessThanFileOrder) {
+  const auto lengths = random_lengths(200, 7);
+  const std::int64_t budget = 240;
+  const MicroBatchPlan sorted = plan_documents(lengths, budget);
+  // File order with the same budget: the most documents per micro-batch whose worst case fits.
+  std::int64_t file_order = 0;
+  const std::int64_t per = budget / 60;
+  for (std::size_t i = 0; i < lengths.size(); i += static_cast<std::size_t>(per)) {
+    const auto end = std::min(lengths.size(), i + static_cast<std::size_t>(per));
+    file_order += static_cast<std::int64_t>(end - i) *
+                  *std::max_element(lengths.begin() + static_cast<std::ptrdiff_t>(i),
+                                    lengths.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  EXPECT_LT(sorted.padded_tokens, file_order);
+  EXPECT_LT(static_cast<double>(sorted.padded_tokens - sorted.tokens),
+            0.1 * static_cast<double>(sorted.tokens));
+}
+
+TEST(TokenBalancedOffsets, ContiguousNonEmptyAndNearEqual) {
+  for (std::uint32_t seed = 0; seed < 30; ++seed) {
+    const auto lengths = random_lengths(4 + seed, seed + 100);
+    const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
+    for (int world = 1; world <= 4; ++world) {
+      const auto count = static_cast<std::int64_t>(lengths.size());
+      const auto offsets = token_balanced_offsets(lengths.data(), count, world);
+      ASSERT_EQ(offsets.size(), static_cast<std::size_t>(world) + 1);
+      EXPECT_EQ(offsets.front(), 0);
+      EXPECT_EQ(offsets.back(), count);
+      for (int r = 0; r < world; ++r) {
+        const auto begin = offsets[static_cast<std::size_t>(r)];
+        const auto end = offsets[static_cast<std::size_t>(r) + 1];
+        ASSERT_LT(begin, end);
+        const std::int64_t share =
+            std::accumulate(lengths.begin() + begin, lengths.begin() + end, std::int64_t{0});
+        // Each rank is within one document of an equal share (clamps aside: a rank must get
+        // one document, so only check when every document is at most the fair share).
+        if (longest * world <= total) {
+          EXPECT_LE(std::abs(share * world - total), longest * world) << seed << " " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(MicroBatch, DocumentsArePaddedOnTheRightWithTheirNextTokens) {
+  auto documents = std::make_shared<Documents>();
+  documents->tokens = torch::tensor({1, 2, 3, 4, 5, 6}, torch::kInt64);
+  documents->offsets = {0, 1, 4, 6};  // [1], [2, 3, 4], [5, 6]
+  documents->ignore_index = -7;
+  documents->lengths_input = true;
+  Batch slab;
+  slab.set_documents(documents);
+  ASSERT_EQ(slab.rows(), 3);
+  const MicroBatchPlan plan = plan_micro_batches(slab, 100);
+  ASSERT_EQ(plan.pieces.size(), 1u);
+  const Batch micro = micro_batch(slab, plan.pieces.front());
+  ASSERT_EQ(micro.size(), 3u);
+  EXPECT_TRUE(micro[0].equal(torch::tensor({{2, 3, 4}, {5, 6, 0}, {1, 0, 0}}, torch::kInt64)));
+  EXPECT_TRUE(micro[1].equal(torch::tensor({3, 2, 1}, torch::kInt64)));
+  EXPECT_TRUE(micro[2].equal(
+      torch::tensor({{3, 4, -7}, {6, -7, -7}, {-7, -7, -7}}, torch::kInt64)));
+  // A budget of 4 tokens: the 3-token document alone, then the two others padded to 2.
+  const MicroBatchPlan small = plan_micro_batches(slab, 4);
+  ASSERT_EQ(small.pieces.size(), 2u);
+  EXPECT_EQ(small.pieces[0].documents, std::vector<std::int64_t>({1}));
+  EXPECT_EQ(small.pieces[1].documents, std::vector<std::int64_t>({2, 0}));
+  EXPECT_EQ(small.padded_tokens, 3 + 4);
+}
+
+}  // namespace
+}  // namespace autoaccum::data
