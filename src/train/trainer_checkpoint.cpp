@@ -203,16 +203,14 @@ void Trainer::State::restore(const io::Checkpoint& c) {
                   : "per-rank micro-batches (" + sizes_text(saved) +
                         ") do not map onto other ranks: every rank starts at " +
                         std::to_string(largest) + " and halves where it runs out of memory") +
-           (largest > plan->max_rank_rows() ? " (capped at the new per-rank batch, " +
-                                                  std::to_string(plan->max_rank_rows()) + ")"
-                                            : "");
+           (largest > size_cap ? " (capped at the new per-rank batch, " +
+                                     std::to_string(size_cap) + ")"
+                               : "");
     saved = {largest};
   } else if (!saved.empty() && static_cast<int>(saved.size()) != world) {
     saved = {*std::max_element(saved.begin(), saved.end())};
   }
-  micro_batches =
-      std::make_unique<RankMicroBatches>(world, plan->max_rank_rows(), options.micro_batch, saved,
-                                         options.refine_micro_batch, options.micro_batch_per_rank);
+  make_micro_batches(saved);
   if (!note.empty()) say_later.push_back(note);
   // Balanced shares continue on the same ranks; on another number they start even again.
   const auto valid = [&](const std::vector<std::int64_t>& v) {

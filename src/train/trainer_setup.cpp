@@ -287,9 +287,9 @@ void Trainer::State::open_data() {
         throw UsageError("--micro-batch-tokens: --data '" + reader->paths().front() +
                          "' holds rows, not documents; use --micro-batch");
       }
-      micro_batches = std::make_unique<RankMicroBatches>(
-          world, plan->max_rank_rows(), o.micro_batch, std::vector<std::int64_t>{},
-          o.refine_micro_batch, o.micro_batch_per_rank);
+      size_cap = plan->max_rank_rows();
+      fixed_size = o.micro_batch;
+      make_micro_batches({});
     }
     schedule = make_schedule(o.lr, o.warmup_steps, total_steps, o.schedule);
     if (o.lr <= 0 || !std::isfinite(o.lr)) throw UsageError("--lr must be positive");
@@ -337,9 +337,10 @@ void Trainer::State::choose_token_budgets() {
     }
   }
   if (o.micro_batch_tokens) start = std::max(start, *o.micro_batch_tokens);
-  micro_batches = std::make_unique<RankMicroBatches>(
-      world, start, o.micro_batch_tokens, std::vector<std::int64_t>{}, o.refine_micro_batch,
-      o.micro_batch_per_rank, schema.max_length);
+  size_cap = start;
+  size_floor = schema.max_length;
+  fixed_size = o.micro_batch_tokens;
+  make_micro_batches({});
 }
 
 void Trainer::State::build_model() {

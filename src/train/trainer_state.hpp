@@ -98,6 +98,15 @@ struct Trainer::State {
   std::unique_ptr<OptimizerStep> optimizer;
   Schedule schedule;
   std::unique_ptr<RankMicroBatches> micro_batches;  // every rank's micro-batch
+  // What every rank's micro-batch policy is made from (rows, or token budgets for documents):
+  // the starting size and cap, the fixed size if any, and the floor halving stops at.
+  std::int64_t size_cap = 1, size_floor = 1;
+  std::optional<std::int64_t> fixed_size;
+  void make_micro_batches(const std::vector<std::int64_t>& resumed) {
+    micro_batches = std::make_unique<RankMicroBatches>(world, size_cap, fixed_size, resumed,
+                                                       options.refine_micro_batch,
+                                                       options.micro_batch_per_rank, size_floor);
+  }
   std::unique_ptr<ShareSchedule> shares;            // every rank's rows of each step's batch
   SpeedWindow speed_window;                         // --balance: rows and seconds since the last
   double slow_factor = 1.0;                         // --inject-slow on this rank

@@ -175,6 +175,18 @@ class Documents(TempDirTest):
             self.assertGreater(f["steps/oom_retries"][0], 0)
             self.assertLessEqual(int(f["steps/micro_batch"][0]), 40)
 
+    def test_resume_on_three_ranks_keeps_the_learned_budget_and_equals_pytorch(self):
+        common = ("--inject-oom", "rank=0,above=80,step=0;rank=1,above=80,step=0")
+        self.train(2, "resume", *common, steps=2)
+        r, log, checkpoint = self.train(3, "resume", *common, "--resume", steps=4)
+        self.assert_equals_reference(checkpoint, steps=4)
+        with h5py.File(log, "r") as f:
+            budgets = list(f["steps/micro_batch"][:])
+            self.assertEqual(list(f["steps/step"][:]), [0, 1, 2, 3])
+            self.assertEqual(list(f["steps/oom_retries"][2:]), [0, 0])
+        self.assertLessEqual(budgets[0], 80)
+        self.assertEqual(budgets[2:], [budgets[1]] * 2)  # the halved budget, kept
+
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
         r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)
         lines = um.error_lines(r)
