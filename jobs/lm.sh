@@ -5,6 +5,8 @@
 # the global batch; the run log goes to runs/. Default run: about 6 minutes on 2 cores
 # (docs/models.md has its result).
 #   ./jobs/lm.sh [-n RANKS] [--steps N] [extra train options...]
+#   ./jobs/lm.sh --documents   one document per fortune (up to 256 bytes each, of every length):
+#                              micro-batches are token budgets that halve under the memory limit
 #   ./jobs/lm.sh --prepare     only the data and the model, for the Slurm job:
 #                              AUTOACCUM_CONFIG=jobs/configs/gpt-fortunes.ini sbatch jobs/slurm/train.sbatch
 set -euo pipefail
@@ -13,12 +15,14 @@ cd "$(dirname "$0")/.."
 ranks=2
 steps=5000
 prepare_only=0
+documents=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --prepare) prepare_only=1; shift ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --documents) documents=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -32,6 +36,23 @@ if [[ $(id -u) -eq 0 ]]; then
 fi
 python=/usr/bin/python3
 [[ -x $python ]] || python=python3
+
+if ((documents)); then
+  if [[ ! -f data/text-docs-train.h5 || ! -f data/text-docs-val.h5 ]]; then
+    build/autoaccum import text --out data --documents fortune --max-length 256
+  fi
+  mkdir -p runs
+  model=runs/gpt-documents.pt
+  "$python" jobs/models/gpt.py --out "$model" --context 256 --width 64 --layers 2 --heads 4
+  log="runs/lm-documents-$(date +%Y%m%d-%H%M%S).h5"
+  mpirun --oversubscribe -np "$ranks" build/autoaccum train \
+    --data data/text-docs-train.h5 --val-data data/text-docs-val.h5 --model-file "$model" \
+    --global-batch 64 --steps "$steps" --optimizer adamw --lr 0.003 --weight-decay 0.01 \
+    --schedule cosine --warmup-steps 50 --memory-limit 48MiB --eval-every 1000 --log-every 100 \
+    --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
+  build/autoaccum log "$log"
+  exit 0
+fi
 
 if [[ ! -f data/text-train.h5 || ! -f data/text-val.h5 ]]; then
   mpirun -np 1 build/autoaccum import text --out data --context 64
