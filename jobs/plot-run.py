@@ -39,9 +39,13 @@ def read(path):
             ooms = group(f, "oom", ("step", "micro_batch"))
             evals = group(f, "eval", ("step", "loss"))
             sizes = group(f, "rank_sizes", ("step", "rank", "micro_batch", "rows"))
+            # Document data (schema 6): real and padded tokens per step; None otherwise.
+            tokens = None
+            if f.attrs.get("micro_batch_unit") in ("tokens", b"tokens"):
+                tokens = group(f, "steps", ("tokens", "padded_tokens", "step_seconds"))
     except OSError as error:
         sys.exit(f"plot-run: cannot read '{path}': {error}")
-    return steps, ooms, evals, per_rank(steps[0], sizes)
+    return steps, ooms, evals, per_rank(steps[0], sizes), tokens
 
 
 def per_rank(steps, sizes):
@@ -73,17 +77,19 @@ def main():
     args = parser.parse_args()
 
     runs = [(path, *read(path)) for path in args.logs]
-    if not any(len(steps[0]) for _, steps, _, _, _ in runs):
+    if not any(len(steps[0]) for _, steps, _, _, _, _ in runs):
         sys.exit("plot-run: no step in " + ", ".join(f"'{p}'" for p in args.logs) +
                  " yet: nothing to plot")
 
-    show_rows = any(varies(ranks, 1) for *_, ranks in runs)
+    show_rows = any(varies(ranks, 1) for *_, ranks, _ in runs)
+    documents = any(tokens is not None for *_, tokens in runs)
     figure, axes = plt.subplots(4 if show_rows else 3, 1, figsize=(9, 12 if show_rows else 9),
                                 sharex=True)
     loss_axis, micro_axis, rate_axis = axes[:3]
     styles = ["-", "--", ":", "-."]
+    padding_axis = rate_axis.twinx() if documents else None
     for index, (path, (step, loss, micro, rate), (oom_step, oom_micro), (eval_step, eval_loss),
-                ranks) in enumerate(runs):
+                ranks, tokens) in enumerate(runs):
         color = f"C{index % 10}"
         label = os.path.basename(path)
         loss_axis.plot(step, loss, color=color, label=f"{label} (train)")
@@ -102,11 +108,20 @@ def main():
         # Each size that ran out of memory, at the step where it did.
         micro_axis.scatter(oom_step, oom_micro, marker="x", color="red", zorder=3,
                            label="ran out of memory" if index == 0 and len(oom_step) else None)
-        rate_axis.plot(step, rate, color=color, label=label)
+        if tokens is not None:
+            real, padded, seconds = tokens
+            n = len(real)
+            rate_axis.plot(step[:n], real / np.maximum(seconds, 1e-9), color=color, label=label)
+            padding_axis.plot(step[:n], 100 * (1 - real / np.maximum(padded, 1)), ":",
+                              color=color, label=f"{label} padding")
+        else:
+            rate_axis.plot(step, rate, color=color, label=label)
     loss_axis.set_ylabel("loss")
-    micro_axis.set_ylabel("micro-batch (per rank)")
+    micro_axis.set_ylabel("token budget (per rank)" if documents else "micro-batch (per rank)")
     micro_axis.set_yscale("log", base=2)
-    rate_axis.set_ylabel("samples / s")
+    rate_axis.set_ylabel("tokens / s" if documents else "samples / s")
+    if padding_axis is not None:
+        padding_axis.set_ylabel("padding % (dotted)")
     rate_axis.set_xlabel("optimizer step")
     if show_rows:
         axes[3].set_ylabel("rows of the global batch")

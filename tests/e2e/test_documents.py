@@ -10,6 +10,7 @@ contributes nothing and no token is lost or counted twice. Tolerance EXACT = 1e-
 (fp32 sums in another order; measured about 1e-7). A run that dropped a micro-batch or counted
 padding lies 1e-2 or more away."""
 import os
+import subprocess
 
 import h5py
 import numpy as np
@@ -145,6 +146,19 @@ class Documents(TempDirTest):
         summary = autoaccum(1, "log", log).stdout
         self.assertIn(f"Tokens: {sum(lengths[:36])} trained, {int(sum(padded))} processed", summary)
         self.assertIn("Token budget timeline", summary)
+        # jobs/plot-run.py plots tokens/s and the padding, beside a row log.
+        rows_log = self.path("rows-for-plot.h5")
+        rows = um.write_data(self.path("rows.h5"), *um.classification_data(40, (4,), 3, seed=1),
+                             classes=3)
+        r = autoaccum(2, "train", "--data", rows, "--model", "mlp", "--hidden", "8",
+                      "--global-batch", 8, "--steps", 2, "--run-log", rows_log, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        script = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "plot-run.py")
+        png = self.path("documents.png")
+        done = subprocess.run(["/usr/bin/python3", script, log, rows_log, "-o", png],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertGreater(os.path.getsize(png), 10000)
 
     def test_small_fixed_budget_at_three_ranks_equals_pytorch(self):
         # 30 tokens: the longest document alone; shorter ones in twos and threes.
