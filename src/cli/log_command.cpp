@@ -75,13 +75,17 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const std::string status = log.attribute("status", "unknown");
   // Document data: sizes are budgets of padded tokens (schema 6).
   const bool tokens = log.attribute("micro_batch_unit") == "tokens";
+  const std::string batch_tokens = log.attribute("global_batch_tokens", "0");
+  const bool by_tokens = !batch_tokens.empty() && std::stod(batch_tokens) > 0;
   out << log.path << ": " << status << "\n";
   if (status == "failed") out << "  error: " << log.attribute("error") << "\n";
   const std::string nodes = log.attribute("nodes");
   out << "  " << log.attribute("world_size") << " rank(s)"
       << (nodes.empty() ? std::string() : " on " + nodes + " node(s)") << ", global batch "
-      << log.attribute("global_batch")
-      << (tokens ? " documents, micro-batch tokens " : ", micro-batch ")
+      << (by_tokens ? "up to " + integer(std::stod(batch_tokens)) + " tokens"
+                    : log.attribute("global_batch"))
+      << (tokens ? (by_tokens ? ", micro-batch tokens " : " documents, micro-batch tokens ")
+                 : ", micro-batch ")
       << log.attribute("micro_batch_mode")
       << ", memory limit " << log.attribute("memory_limit", "none") << ", precision "
       << log.attribute("precision", "fp32") << "\n";

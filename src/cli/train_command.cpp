@@ -68,6 +68,14 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     throw UsageError("--loss: '" + o.loss + "' is not one of auto, cross-entropy, mse, bce, model");
   o.ignore_index = vm["ignore-index"].as<std::int64_t>();
   o.global_batch = vm["global-batch"].as<std::int64_t>();
+  if (vm.count("global-batch-tokens")) {
+    o.global_batch_tokens = vm["global-batch-tokens"].as<std::int64_t>();
+    if (!vm["global-batch"].defaulted())
+      throw UsageError("give --global-batch (documents) or --global-batch-tokens, not both");
+    if (o.global_batch_tokens < 1)
+      throw UsageError("--global-batch-tokens must be at least 1 (got " +
+                       std::to_string(o.global_batch_tokens) + ")");
+  }
   if (o.global_batch < 1)
     throw UsageError("--global-batch must be at least 1 (got " + std::to_string(o.global_batch) +
                      ")");
@@ -219,6 +227,9 @@ Command train_command() {
       "model: forward(inputs..., targets) returns (loss_sum, weight)");
   add("ignore-index", po::value<std::int64_t>()->default_value(-100)->value_name("L"),
       "integer label the cross-entropy skips (padding); the loss is the mean over the rest");
+  add("global-batch-tokens", po::value<std::int64_t>()->value_name("N"),
+      "document data: each batch takes whole documents in order while its tokens stay within N "
+      "(instead of --global-batch documents)");
   add("global-batch", po::value<std::int64_t>()->default_value(256)->value_name("B"),
       "samples per optimizer step, all ranks together");
   add("micro-batch", po::value<std::string>()->default_value("auto")->value_name("auto|N"),

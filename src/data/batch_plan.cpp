@@ -1,6 +1,7 @@
 // BatchPlan: pure arithmetic, the same on every rank.
 #include "autoaccum/data/batch_plan.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "autoaccum/core/error.hpp"
@@ -62,6 +63,57 @@ BatchPlan::BatchPlan(std::int64_t rows, std::int64_t global_batch, int world_siz
   batches_per_epoch_ = rows / global_batch;
 }
 
+BatchPlan BatchPlan::by_tokens(const std::vector<std::int64_t>& lengths, std::int64_t tokens,
+                               int world_size, Shuffle shuffle, std::uint64_t seed) {
+  if (tokens < 1) throw UsageError("--global-batch-tokens must be at least 1");
+  std::vector<std::int64_t> boundaries{0};
+  std::int64_t in_batch = 0, largest = 0;
+  const auto count = static_cast<std::int64_t>(lengths.size());
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t n = lengths[static_cast<std::size_t>(i)];
+    if (n > tokens) {
+      throw UsageError("--global-batch-tokens " + std::to_string(tokens) +
+                       " is smaller than document " + std::to_string(i) + " (" +
+                       std::to_string(n) + " tokens); raise it, or split long documents");
+    }
+    if (in_batch + n > tokens) {
+      boundaries.push_back(i);
+      in_batch = 0;
+    }
+    in_batch += n;
+  }
+  // The last batch ended because the data did: whole only when no further document would fit.
+  if (in_batch > 0 && count > boundaries.back()) boundaries.push_back(count);
+  if (boundaries.size() > 2 && in_batch > 0) {
+    const std::int64_t smallest = *std::min_element(lengths.begin(), lengths.end());
+    if (in_batch + smallest <= tokens) boundaries.pop_back();
+  }
+  if (boundaries.size() < 2) throw InputError("the training data has no documents");
+  for (std::size_t k = 0; k + 1 < boundaries.size(); ++k) {
+    const std::int64_t documents = boundaries[k + 1] - boundaries[k];
+    largest = std::max(largest, documents);
+    if (documents < world_size) {
+      throw UsageError("--global-batch-tokens " + std::to_string(tokens) + " gives batch " +
+                       std::to_string(k) + " only " + std::to_string(documents) +
+                       " document(s) for " + std::to_string(world_size) +
+                       " ranks: raise it so that every rank gets a document");
+    }
+  }
+  BatchPlan plan(boundaries.back(), largest, world_size, shuffle, seed);
+  plan.rows_ = count;
+  plan.batches_per_epoch_ = static_cast<std::int64_t>(boundaries.size()) - 1;
+  plan.boundaries_ = std::move(boundaries);
+  return plan;
+}
+
+RowRange BatchPlan::file_batch(std::int64_t index) const {
+  if (!boundaries_.empty()) {
+    return {boundaries_[static_cast<std::size_t>(index)],
+            boundaries_[static_cast<std::size_t>(index) + 1]};
+  }
+  return {index * global_batch_, (index + 1) * global_batch_};
+}
+
 const std::vector<std::int64_t>& BatchPlan::order(std::int64_t epoch) const {
   if (cached_epoch_ != epoch) {
     // Each epoch's permutation depends only on (seed, epoch), so a resumed run matches.
@@ -82,8 +134,7 @@ std::int64_t BatchPlan::batch_index(std::int64_t epoch, std::int64_t step) const
 }
 
 RowRange BatchPlan::batch_rows(std::int64_t epoch, std::int64_t step) const {
-  const std::int64_t first = batch_index(epoch, step) * global_batch_;
-  return {first, first + global_batch_};
+  return file_batch(batch_index(epoch, step));
 }
 
 RowRange BatchPlan::rank_part(std::int64_t global_batch, int world_size, int rank) {

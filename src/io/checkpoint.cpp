@@ -164,6 +164,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
       file.write_attribute("replica_fingerprints", c.replica_fingerprints);
     if (c.data.global_batch > 0) {
       file.write_attribute("data_global_batch", c.data.global_batch);
+      if (c.data.global_batch_tokens > 0)
+        file.write_attribute("data_global_batch_tokens", c.data.global_batch_tokens);
       file.write_attribute("data_shuffle", c.data.shuffle);
       file.write_attribute("data_rows", c.data.rows);
       file.write_attribute("data_files", c.data.files);
@@ -241,6 +243,8 @@ Checkpoint read_checkpoint(const std::string& path) {
     c.replica_fingerprints = file.read_string_list_attribute("replica_fingerprints");
   if (file.has_attribute("data_global_batch")) {
     c.data.global_batch = file.read_int_attribute("data_global_batch");
+    if (file.has_attribute("data_global_batch_tokens"))
+      c.data.global_batch_tokens = file.read_int_attribute("data_global_batch_tokens");
     c.data.shuffle = file.read_string_attribute("data_shuffle");
     c.data.rows = file.read_int_attribute("data_rows");
     c.data.files = file.read_string_list_attribute("data_files");

@@ -475,7 +475,10 @@ TrainResult Trainer::run_steps() {
     row.lr = lr;
     row.loss_scale = loss_scale;
     row.step_seconds = step_seconds;
-    row.samples_per_second = static_cast<double>(o.global_batch) / step_seconds;
+    row.samples_per_second =
+        static_cast<double>(std::accumulate(step_shares.begin(), step_shares.end(),
+                                            std::int64_t{0})) /
+        step_seconds;
     row.oom_retries = retries;
     row.skipped = skipped ? 1 : 0;
     row.data_wait_seconds = data_wait;

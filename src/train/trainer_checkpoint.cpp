@@ -58,9 +58,12 @@ std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataO
   const std::string tail =
       ": resumed so, the run would read some rows of the epoch twice and others never. Resume "
       "with the checkpoint's value, or start a new run (another --checkpoint)";
-  if (saved.global_batch != now.global_batch)
-    return head + "--global-batch " + std::to_string(saved.global_batch) + ", this run has " +
-           std::to_string(now.global_batch) + tail;
+  const auto batch_text = [](const io::DataOrder& d) {
+    return d.global_batch_tokens > 0 ? "--global-batch-tokens " + std::to_string(d.global_batch_tokens)
+                                     : "--global-batch " + std::to_string(d.global_batch);
+  };
+  if (batch_text(saved) != batch_text(now))
+    return head + batch_text(saved) + ", this run has " + batch_text(now) + tail;
   if (saved.shuffle != now.shuffle)
     return head + "--shuffle " + saved.shuffle + ", this run has " + now.shuffle + tail;
   // The seed orders the batches of every epoch (with --shuffle none it orders nothing).
@@ -79,6 +82,7 @@ std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataO
 io::DataOrder Trainer::State::describe_data_order() const {
   io::DataOrder d;
   d.global_batch = options.global_batch;
+  d.global_batch_tokens = options.global_batch_tokens;
   d.shuffle = options.shuffle;
   d.rows = reader->schema().rows;
   Fingerprint print;

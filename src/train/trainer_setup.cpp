@@ -261,8 +261,17 @@ void Trainer::State::open_data() {
                          " classes [0, " + std::to_string(objective->classes()) + ")");
       }
     }
-    plan = std::make_unique<data::BatchPlan>(schema.rows, o.global_batch, world,
-                                             data::parse_shuffle(o.shuffle), o.seed);
+    if (o.global_batch_tokens > 0) {
+      if (!schema.documents) {
+        throw UsageError("--global-batch-tokens: --data '" + reader->paths().front() +
+                         "' holds rows, not documents; use --global-batch");
+      }
+      plan = std::make_unique<data::BatchPlan>(data::BatchPlan::by_tokens(
+          schema.lengths, o.global_batch_tokens, world, data::parse_shuffle(o.shuffle), o.seed));
+    } else {
+      plan = std::make_unique<data::BatchPlan>(schema.rows, o.global_batch, world,
+                                               data::parse_shuffle(o.shuffle), o.seed);
+    }
     data_order = describe_data_order();
     if (root && !o.quiet) warn_about_slow_data();
     if (o.steps < 0 || o.epochs < 0) throw UsageError("--steps and --epochs must not be negative");
@@ -326,10 +335,10 @@ void Trainer::State::choose_token_budgets() {
                      "import text --documents --max-length N");
   }
   std::int64_t start = 1;
-  const std::int64_t batch = plan->global_batch();
   for (std::int64_t b = 0; b < plan->batches_per_epoch(); ++b) {
-    const std::int64_t* first = lengths.data() + b * batch;
-    const auto offsets = data::token_balanced_offsets(first, batch, world);
+    const data::RowRange batch = plan->file_batch(b);
+    const std::int64_t* first = lengths.data() + batch.begin;
+    const auto offsets = data::token_balanced_offsets(first, batch.size(), world);
     for (int r = 0; r < world; ++r) {
       start = std::max(start, data::padded_size(std::vector<std::int64_t>(
                                   first + offsets[static_cast<std::size_t>(r)],
@@ -536,7 +545,7 @@ void Trainer::State::open_observers() {
       }
       io::RunLogHeader header;
       header.world_size = world;
-      header.global_batch = options.global_batch;
+      header.global_batch = plan->by_tokens() ? 0 : options.global_batch;
       header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
       header.command_line = options.command_line;
       header.started_at = io::utc_now();
@@ -564,14 +573,20 @@ void Trainer::State::open_observers() {
           {"shared_parameters", static_cast<double>(parameters.shared_elements)},
           {"averaged_buffer_values", static_cast<double>(model_state->reduce_count())},
           {"threads_per_rank", static_cast<double>(at::get_num_threads())},
-          {"lower_precision_gemm_speedup", lower_gemm_speedup}};
+          {"lower_precision_gemm_speedup", lower_gemm_speedup},
+          {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)}};
       observers.push_back(std::make_unique<RunLogObserver>(
           io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
     });
   }
   if (root && !options.quiet) {
+    // Batches cut by tokens vary in documents: the rate uses their mean over an epoch.
+    const std::int64_t per_batch =
+        plan->by_tokens() ? plan->file_batch(plan->batches_per_epoch() - 1).end /
+                                std::max<std::int64_t>(1, plan->batches_per_epoch())
+                          : options.global_batch;
     observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps,
-                                                           options.global_batch));
+                                                           per_batch));
   }
 }
 
@@ -590,8 +605,14 @@ void Trainer::State::announce() {
   banner << "\nautoaccum: loss: " << objective->describe()
          << "\nautoaccum: ";
   if (documents()) {
-    banner << reader->schema().describe_documents() << "\nautoaccum: global batch "
-           << options.global_batch << " documents, split between ranks by tokens ("
+    banner << reader->schema().describe_documents() << "\nautoaccum: global batch ";
+    if (plan->by_tokens()) {
+      banner << "up to " << options.global_batch_tokens << " tokens of whole documents (at most "
+             << plan->global_batch() << " documents)";
+    } else {
+      banner << options.global_batch << " documents";
+    }
+    banner << ", split between ranks by tokens ("
            << plan->batches_per_epoch() << " batches per epoch), " << total_steps
            << " steps; micro-batch tokens " << (micro_batches->automatic() ? "auto" : "fixed")
            << (micro_batches->per_rank() ? " per rank" : "")

@@ -74,16 +74,36 @@ def write_documents(path, docs, labels=None, dtype="uint16", offsets=None, class
     return path
 
 
-def reference(model_path, docs, global_batch, steps, lr, labels=None):
-    """PyTorch, one document at a time, no padding: mean over the batch's counted items."""
+def token_batches(lengths, tokens):
+    """--global-batch-tokens as docs/data-format.md defines it: whole documents in order while
+    the batch's tokens stay within `tokens`; a last batch that could still take a document is
+    dropped (the data ended it)."""
+    batches, begin, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if used + n > tokens:
+            batches.append((begin, i))
+            begin, used = i, 0
+        used += n
+    if used + min(lengths) > tokens or not batches:
+        batches.append((begin, len(lengths)))
+    return batches
+
+
+def reference(model_path, docs, global_batch, steps, lr, labels=None, batches=None):
+    """PyTorch, one document at a time, no padding: mean over the batch's counted items.
+    `batches`: [(begin, end)] in file order (--global-batch-tokens); default runs of
+    `global_batch` documents."""
     model = torch.jit.load(model_path)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    if batches is None:
+        batches = [(b * global_batch, (b + 1) * global_batch)
+                   for b in range(len(docs) // global_batch)]
     for step in range(steps):
-        start = step % (len(docs) // global_batch) * global_batch  # --shuffle none
+        begin, end = batches[step % len(batches)]  # --shuffle none
         opt.zero_grad()
         total, count = 0.0, 0
-        for i in range(start, start + global_batch):
+        for i in range(begin, end):
             d = torch.from_numpy(docs[i])
             if labels is None:
                 logits = model(d.view(1, -1))[0]
@@ -112,9 +132,10 @@ class Documents(TempDirTest):
 
     def train(self, ranks, name, *args, model=None, data=None, steps=3, batch=12, expect=0):
         log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        batch_args = ("--global-batch", batch) if batch else ()
         r = autoaccum(ranks, "train", "--data", data or self.data, "--model-file", model or self.lm,
                       "--threads", 1, "--shuffle", "none", "--lr", 0.1, "--momentum", 0,
-                      "--global-batch", batch, "--steps", steps, "--run-log", log,
+                      *batch_args, "--steps", steps, "--run-log", log,
                       "--checkpoint", checkpoint, *args, timeout=120)
         self.assertEqual(r.returncode, expect, r)
         return r, log, checkpoint
@@ -201,6 +222,24 @@ class Documents(TempDirTest):
         self.assertLessEqual(budgets[0], 80)
         self.assertEqual(budgets[2:], [budgets[1]] * 2)  # the halved budget, kept
 
+    def test_batches_cut_by_tokens_equal_pytorch_and_resume_refuses_another_size(self):
+        lengths = [len(d) for d in self.docs]
+        batches = token_batches(lengths, 200)
+        self.assertGreater(len({e - b for b, e in batches}), 1)  # the batches differ in documents
+        _, log, checkpoint = self.train(2, "tokens", "--global-batch-tokens", 200,
+                                        "--micro-batch-tokens", 60, steps=4, batch=None)
+        ref = reference(self.lm, self.docs, None, 4, 0.1, batches=batches)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, ref, self.initial), EXACT)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(list(f["steps/tokens"][:]),
+                             [sum(lengths[b:e]) for b, e in batches[:4]])
+            self.assertTrue(all(t <= 200 for t in f["steps/tokens"][:]))
+        r, _, _ = self.train(2, "tokens", "--global-batch-tokens", 300, "--resume", steps=6,
+                             batch=None, expect=1)
+        self.assertIn("was written with --global-batch-tokens 200, this run has "
+                      "--global-batch-tokens 300", um.error_lines(r)[0])
+
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
         r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)
         lines = um.error_lines(r)
@@ -263,6 +302,13 @@ class Documents(TempDirTest):
             (dict(args=("--micro-batch-tokens", 29)), "--micro-batch-tokens 29 cannot hold "
              "document 3"),
             (dict(args=("--micro-batch", 4)), "--micro-batch counts rows"),
+            (dict(args=("--global-batch-tokens", 29), batch=None),
+             "--global-batch-tokens 29 is smaller than document 3 (30 tokens)"),
+            (dict(args=("--global-batch-tokens", 40)),
+             "give --global-batch (documents) or --global-batch-tokens, not both"),
+            (dict(args=("--global-batch-tokens", 40), batch=None, data=rows,
+                  model=um.save_scripted(um.LinearBn(4, 5, 3), self.path("rows2.pt"))),
+             "--global-batch-tokens: --data"),
             (dict(args=("--micro-batch-tokens", 64), data=rows,
                   model=um.save_scripted(um.LinearBn(4, 5, 3), self.path("rows.pt"))),
              "holds rows, not documents"),
@@ -270,7 +316,7 @@ class Documents(TempDirTest):
         for kw, message in cases:
             with self.subTest(message):
                 r, _, _ = self.train(2, "refused", *kw["args"], data=kw.get("data"),
-                                     model=kw.get("model"), batch=8, expect=1)
+                                     model=kw.get("model"), batch=kw.get("batch", 8), expect=1)
                 lines = um.error_lines(r)
                 self.assertEqual(len(lines), 1, r.stderr)
                 self.assertIn(message, lines[0])

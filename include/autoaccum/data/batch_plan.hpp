@@ -26,9 +26,19 @@ class BatchPlan {
   // Throws UsageError when B < 1, B > rows (naming --global-batch) or W > B.
   BatchPlan(std::int64_t rows, std::int64_t global_batch, int world_size, Shuffle shuffle,
             std::uint64_t seed);
+  // Document batches cut by tokens (--global-batch-tokens): batch k of the file takes whole
+  // documents in order while its tokens stay within `tokens`; the data's last batch is dropped
+  // when it ends short of that because the data ended. UsageError when a document is longer
+  // than `tokens` or a batch has fewer documents than ranks.
+  static BatchPlan by_tokens(const std::vector<std::int64_t>& lengths, std::int64_t tokens,
+                             int world_size, Shuffle shuffle, std::uint64_t seed);
 
   std::int64_t rows() const noexcept { return rows_; }
+  // Rows per batch; for batches cut by tokens, the largest batch's documents.
   std::int64_t global_batch() const noexcept { return global_batch_; }
+  bool by_tokens() const noexcept { return !boundaries_.empty(); }
+  // Batch `index` of the file, in file order.
+  RowRange file_batch(std::int64_t index) const;
   int world_size() const noexcept { return world_size_; }
   std::int64_t batches_per_epoch() const noexcept { return batches_per_epoch_; }
 
@@ -51,6 +61,7 @@ class BatchPlan {
   Shuffle shuffle_;
   std::uint64_t seed_;
   std::int64_t batches_per_epoch_;
+  std::vector<std::int64_t> boundaries_;  // by tokens: batch k is [b[k], b[k + 1])
   mutable std::int64_t cached_epoch_ = -1;
   mutable std::vector<std::int64_t> cached_order_;
 };

@@ -15,6 +15,8 @@ namespace autoaccum::io {
 // the rows the interrupted one would have. global_batch 0: not recorded (an older checkpoint).
 struct DataOrder {
   std::int64_t global_batch = 0;    // attribute data_global_batch
+  // data_global_batch_tokens: document batches cut by tokens (--global-batch-tokens); 0: none.
+  std::int64_t global_batch_tokens = 0;
   std::string shuffle;              // data_shuffle: "batch" or "none"
   std::int64_t rows = 0;            // data_rows: over every shard
   std::vector<std::string> files;   // data_files: the shards' file names (no folders)

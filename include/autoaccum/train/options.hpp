@@ -34,6 +34,8 @@ struct TrainOptions {
   std::int64_t ignore_index = -100;  // cross-entropy: labels skipped (padding)
 
   std::int64_t global_batch = 256;
+  // Document data: --global-batch-tokens N, batches of whole documents up to N tokens (0: off).
+  std::int64_t global_batch_tokens = 0;
   std::optional<std::int64_t> micro_batch;  // nullopt: auto
   bool micro_batch_given = false;           // --micro-batch on the command line
   // Document data: --micro-batch-tokens N, padded tokens per micro-batch (nullopt: auto).
