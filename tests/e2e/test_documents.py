@@ -240,6 +240,17 @@ class Documents(TempDirTest):
         self.assertIn("was written with --global-batch-tokens 200, this run has "
                       "--global-batch-tokens 300", um.error_lines(r)[0])
 
+    def test_refine_probes_budgets_upwards_and_stays_exact(self):
+        _, log, checkpoint = self.train(2, "refine", "--micro-batch-search", "refine",
+                                        "--inject-oom", "rank=0,above=70", steps=5)
+        self.assert_equals_reference(checkpoint, steps=5)
+        with h5py.File(log, "r") as f:
+            budgets = list(f["steps/micro_batch"][:])
+            at_first = f["oom/step"][:] == 0
+            halved = int(f["oom/next_micro_batch"][:][at_first][-1])  # where step 0 settled
+        self.assertLessEqual(halved, 70)
+        self.assertGreater(max(budgets[1:]), halved, budgets)  # a probe above the halved budget
+
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
         r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)
         lines = um.error_lines(r)
