@@ -11,6 +11,7 @@ contributes nothing and no token is lost or counted twice. Tolerance EXACT = 1e-
 padding lies 1e-2 or more away."""
 import os
 import subprocess
+import unittest
 
 import h5py
 import numpy as np
@@ -361,3 +362,41 @@ class ImportDocuments(TempDirTest):
         self.assertEqual(r.returncode, 0, r)
         self.assertIn(f"{len(expected) - 1} documents", r.stdout)
         self.assertIn("max 20", r.stdout)
+
+
+FORTUNES = "/usr/share/games/fortunes"
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+class GptOnFortuneDocuments(TempDirTest):
+    """The GPT of jobs/models (causal self-attention, layer norms, tied nothing) on Debian's
+    fortunes imported as documents: right padding never reaches an earlier position through
+    the causal mask, so autoaccum's padded, length-ordered, halved micro-batches equal PyTorch's
+    steps over each document alone."""
+    prefix = "autoaccum-gpt-documents-"
+
+    @unittest.skipUnless(os.path.isdir(FORTUNES), "Debian's fortunes package is not installed")
+    def test_two_steps_with_an_out_of_memory_equal_pytorch(self):
+        data = self.path("docs")
+        r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 48, "--out",
+                      data, os.path.join(FORTUNES, "computers"), timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(f"{data}/text-docs-train.h5", "r") as f:
+            tokens, offsets = f["tokens"][:].astype(np.int64), f["offsets"][:]
+        docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        model = self.path("gpt.pt")
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "jobs/models/gpt.py"), "--out",
+                        model, "--context", "48", "--width", "32", "--layers", "2", "--heads",
+                        "2", "--dropout", "0"], check=True, capture_output=True)
+        initial = {n: p.detach().numpy().copy() for n, p in torch.jit.load(model).named_parameters()}
+        log, checkpoint = self.path("gpt.h5"), self.path("gpt.ckpt.h5")
+        r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file", model,
+                      "--global-batch", 24, "--steps", 2, "--shuffle", "none", "--lr", 0.1,
+                      "--momentum", 0, "--threads", 1, "--inject-oom", "rank=1,above=300,step=0",
+                      "--run-log", log, "--checkpoint", checkpoint, timeout=180)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(log, "r") as f:
+            self.assertGreater(f["steps/oom_retries"][0], 0)
+        ref = reference(model, docs, 24, 2, 0.1)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, ref, initial), EXACT)
