@@ -211,9 +211,10 @@ Command train_command() {
   add("val-data", po::value<std::vector<std::string>>()->multitoken()->value_name("FILE..."),
       "evaluation file(s), evaluated every --eval-every steps and at the end");
   add("inputs", po::value<std::string>()->default_value("x")->value_name("A[,B]"),
-      "input dataset(s)");
+      "input dataset(s); document data: tokens, or tokens,lengths");
   add("targets", po::value<std::string>()->default_value("y")->value_name("Y"),
-      "target dataset: int64 labels (cross-entropy) or float32 values (mean squared error)");
+      "target dataset: int64 labels (cross-entropy) or float32 values (mean squared error); "
+      "document data: next (the next token), or a labels dataset per token or per document");
   add("model", po::value<std::string>()->default_value("mlp")->value_name("mlp|cnn"),
       "built-in model");
   add("hidden", po::value<std::string>()->default_value("512,512")->value_name("W,W"),
@@ -307,7 +308,7 @@ Command train_command() {
   add("eval-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "evaluate every N steps");
   add("eval-micro-batch", po::value<std::int64_t>()->default_value(0)->value_name("N"),
-      "rows per evaluation forward (0: automatic)");
+      "rows per evaluation forward; document data: padded tokens (0: automatic)");
   add("log-every", po::value<std::int64_t>()->default_value(10)->value_name("N"),
       "progress line every N steps");
   add("log-flush-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),

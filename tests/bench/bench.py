@@ -352,6 +352,138 @@ def render_lm(results):
     return "\n".join(lines) + "\n"
 
 
+DOCS = {"context": 256, "width": 64, "layers": 2, "heads": 4}
+DOCS_BATCH, DOCS_STEPS, DOCS_LIMIT = 256, 16, 48 * 2**20
+
+
+def train_documents(work, data, model, budget, steps=DOCS_STEPS, limit=DOCS_LIMIT, extra=()):
+    """One autoaccum run on document data; the run log's steps (None if it failed)."""
+    path = os.path.join(work, f"docs-{time.monotonic_ns()}.h5")
+    cmd = MPI + [BIN, "train", "--data", data, "--model-file", model, "--steps", steps,
+                 "--threads", 1, "--log-every", 0, "--shuffle", "none", "--optimizer", "adamw",
+                 "--lr", 0.003, "--weight-decay", 0.01, "--memory-limit", limit,
+                 "--run-log", path, *extra]
+    if budget is not None:
+        cmd += ["--global-batch", DOCS_BATCH, "--micro-batch-tokens", budget]
+    r = run(cmd, check=False)
+    if r.returncode != 0:
+        return None
+    with h5py.File(path, "r") as f:
+        out = {k: f["steps"][k][:] for k in f["steps"]}
+        out["final"] = int(f.attrs["final_micro_batch"])
+    os.remove(path)
+    return out
+
+
+def token_rate(steps, skip=3, per_row=None):
+    """Real tokens per second over the steps after warm-up without OOM retries (rows of
+    `per_row` tokens for window data)."""
+    keep = (np.arange(len(steps["step"])) >= skip) & (steps["oom_retries"] == 0)
+    if per_row:
+        return float(np.median(steps["samples_per_second"][keep])) * per_row
+    return float(steps["tokens"][keep].sum() / steps["step_seconds"][keep].sum())
+
+
+def bench_documents(work, reps, results):
+    """Issue 25: documents of every length. The GPT on Debian's fortunes as documents (up to 256
+    bytes), 2 ranks x 1 thread, one memory limit: autoaccum's automatic token budget against
+    DDP with per-micro-batch padding in file order at the most documents per micro-batch whose
+    worst case fits the budget autoaccum settled on (target >= 2x real tokens/s), its padding
+    (target <= 5%), auto against the best fixed budget of a sweep (>= 0.95), and the same GPT
+    on fixed windows of the longest length (reported)."""
+    log("== documents: token budgets against DDP with per-micro-batch padding")
+    folder = os.path.join(work, "docs")
+    data = os.path.join(folder, "text-docs-train.h5")
+    windows = os.path.join(folder, "text-train.h5")
+    if not os.path.exists(data):
+        run([BIN, "import", "text", "--out", folder, "--documents", "fortune", "--max-length",
+             DOCS["context"]])
+        run([BIN, "import", "text", "--out", folder, "--context", DOCS["context"]])
+    model = os.path.join(folder, "gpt.pt")
+    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", model]
+        + [a for k, v in DOCS.items() for a in (f"--{k}", v)])
+    with h5py.File(data, "r") as f:
+        longest = int(np.diff(f["offsets"][:]).max())
+    raw = {k: [] for k in ("auto", "ddp", "ratio", "padding", "ddp_padding", "windows",
+                           "windows_ratio", "best", "best_ratio")}
+    finals, per_micro, fixed_fits = [], [], {}
+    for rep in range(reps):
+        auto = train_documents(work, data, model, "auto")
+        budget = auto["final"]
+        a = token_rate(auto)
+        k = max(1, budget // longest)
+        r = run(["/usr/bin/python3", os.path.join(ROOT, "tests", "bench", "ddp_baseline.py"),
+                 "--ranks", RANKS, "--model", "gpt", "--documents", data, "--global-batch",
+                 DOCS_BATCH, "--micro-batch", k, "--steps", DOCS_STEPS, "--threads", 1,
+                 "--port", 29800 + rep, "--context", DOCS["context"], "--width", DOCS["width"],
+                 "--layers", DOCS["layers"], "--heads", DOCS["heads"]])
+        fields = r.stdout.split()
+        d, d_padding = float(fields[1]), float(fields[3])
+        padding = 1 - auto["tokens"].sum() / auto["padded_tokens"].sum()
+        win = train_documents(work, windows, model, None,
+                              extra=["--global-batch", DOCS_BATCH // 2, "--micro-batch", "auto"])
+        w = token_rate(win, per_row=DOCS["context"])
+        # The sweep: fixed budgets around the one auto found, under the same limit.
+        fixed = {}
+        for b in sorted({budget // 2, budget, budget * 3 // 2, budget * 2}):
+            if b < longest or fixed_fits.get(b) is False:
+                continue
+            got = train_documents(work, data, model, b)
+            fixed_fits[b] = got is not None
+            if got is not None:
+                fixed[b] = token_rate(got)
+        best = max(fixed, key=fixed.get)
+        finals.append(budget)
+        per_micro.append(k)
+        for key, value in (("auto", a), ("ddp", d), ("ratio", a / d), ("padding", padding),
+                           ("ddp_padding", d_padding), ("windows", w), ("windows_ratio", a / w),
+                           ("best", fixed[best]), ("best_ratio", a / fixed[best])):
+            raw[key].append(value)
+        log(f"  rep {rep + 1}/{reps}: auto settled at {budget} tokens: {a:.0f} tokens/s, "
+            f"padding {100 * padding:.1f}%; DDP at {k} documents per micro-batch: {d:.0f} "
+            f"tokens/s (padding {100 * d_padding:.1f}%), ratio {a / d:.2f}; best fixed {best}: "
+            f"{fixed[best]:.0f} (auto/best {a / fixed[best]:.3f}); windows of {DOCS['context']}: "
+            f"{w:.0f} tokens/s")
+    results["documents"] = {k: spread(v) for k, v in raw.items()}
+    results["documents"].update({"finals": finals, "per_micro": per_micro, "reps": reps,
+                                 "longest": longest, "limit": DOCS_LIMIT,
+                                 "fits": {str(b): ok for b, ok in sorted(fixed_fits.items())}})
+
+
+def render_documents(results):
+    r = results["documents"]
+    met = lambda ok: "yes" if ok else "**no**"
+    lines = [f"Generated by `tests/bench/run.sh --only documents` on {results['date']} "
+             f"({results['machine']}); {r['reps']} repetitions, medians (min-max). 2 ranks x 1 "
+             f"thread, the GPT of `jobs/models/gpt.py` (context {DOCS['context']}, width "
+             f"{DOCS['width']}, {DOCS['layers']} layers, {DOCS['heads']} heads) on Debian's "
+             f"fortunes as documents (`import text --documents fortune --max-length "
+             f"{DOCS['context']}`: longest {r['longest']} bytes), AdamW, global batch "
+             f"{DOCS_BATCH} documents, {DOCS_STEPS} steps per run (the first 3 and any with OOM "
+             f"retries left out), memory limit {r['limit'] / 2**20:.0f} MiB per rank. autoaccum "
+             f"settled at {', '.join(map(str, r['finals']))} padded tokens per micro-batch. DDP "
+             "(gloo, `no_sync`) takes each rank's half of every batch in file order and pads each "
+             "micro-batch to its own longest document, as Hugging Face's DataCollatorWithPadding "
+             "does, at the most documents per micro-batch whose worst case (that many documents "
+             "of the longest length) fits the budget autoaccum settled on: "
+             f"{', '.join(map(str, r['per_micro']))}. Rates are real (unpadded) tokens per "
+             "second.", "",
+             "| comparison | value | target | met |", "|---|---|---|---|",
+             f"| autoaccum tokens/s | {fmt(r['auto'], 0)} | | |",
+             f"| DDP tokens/s | {fmt(r['ddp'], 0)} | | |",
+             f"| autoaccum / DDP | {fmt(r['ratio'])} | >= 2 | {met(r['ratio']['median'] >= 2)} |",
+             f"| autoaccum padding | {fmt(r['padding'], 1, 100, '%')} | <= 5% | "
+             f"{met(r['padding']['median'] <= 0.05)} |",
+             f"| DDP padding | {fmt(r['ddp_padding'], 1, 100, '%')} | | |",
+             f"| auto / best fixed budget | {fmt(r['best_ratio'], 3)} | >= 0.95 | "
+             f"{met(r['best_ratio']['median'] >= 0.95)} |",
+             f"| autoaccum on documents / on windows of {DOCS['context']} | "
+             f"{fmt(r['windows_ratio'])} | reported | |", "",
+             "Fixed budgets tried under the same limit: " + ", ".join(
+                 f"{b} ({'fits' if ok else 'OOM'})" for b, ok in r["fits"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def synth784(work):
     """The MLP benchmarks' data file in `work`, made once: 16384 rows of 784 features."""
     data = os.path.join(work, "synth784.h5")
@@ -892,7 +1024,7 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
-    parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog"],
+    parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog", "documents"],
                         help="run one group (lm: the language model; mixed: a slow rank and "
                              "unequal memory; precision: bf16 against fp32; watchdog: the "
                              "collective watchdog's cost) and rewrite its tables")
@@ -926,6 +1058,9 @@ def main():
         if args.only == "watchdog":
             bench_watchdog(work, max(1, min(args.reps, 3)), results)
             return finish(results, start, args)
+        if args.only == "documents":
+            bench_documents(work, max(1, min(args.reps, 3)), results)
+            return finish(results, start, args)
         runner = Runner(work, args.steps)
         run([BIN, "synth", "--out", runner.data, "--rows", 16384, "--features", 784,
              "--classes", 10, "--seed", 1])
@@ -939,13 +1074,14 @@ def main():
         bench_mixed(work, max(1, min(args.reps, 3)), results)
         bench_precision(work, max(1, min(args.reps, 3)), results)
         bench_watchdog(work, max(1, min(args.reps, 3)), results)
+        bench_documents(work, max(1, min(args.reps, 3)), results)
     finish(results, start, args)
 
 
 def finish(results, start, args):
     """Saves the raw figures (merged into an earlier results.json for --only) and the tables."""
     results["seconds"] = time.time() - start
-    for group in ("lm", "mixed", "precision", "watchdog"):
+    for group in ("lm", "mixed", "precision", "watchdog", "documents"):
         if group in results:
             results[group]["meta"] = {k: results[k] for k in ("date", "machine")}
     path = os.path.join(ROOT, "build", "bench", "results.json")
@@ -986,6 +1122,11 @@ def write_all(results):
                                 "watchdog": results["watchdog"]})
         print(text)
         write_docs(text, "bench-watchdog")
+    if "documents" in results:
+        text = render_documents({**results, **results["documents"].get("meta", {}),
+                                 "documents": results["documents"]})
+        print(text)
+        write_docs(text, "bench-documents")
 
 
 def cpu_name():

@@ -10,6 +10,13 @@ DistributedDataParallel over gloo with no_sync() on all but the last micro-batch
   text file read into memory; cross-entropy summed over tokens and divided by the global batch's
   token count, as autoaccum computes it.
 
+- `--model gpt --documents text-docs-train.h5 --micro-batch K`: the GPT on document data
+  (tokens + offsets) as a Hugging Face-style loop does it: batch s is documents [sB, (s+1)B) in
+  file order, each rank takes an equal half of them, and every K consecutive documents form a
+  micro-batch padded to its own longest (DataCollatorWithPadding), targets -100 on padding;
+  the loss is summed over tokens and divided by the batch's counted tokens. Prints
+  "tokens/s <real tokens per second over the steps after warm-up> padding <fraction>".
+
     tests/bench/ddp_baseline.py --ranks 2 --global-batch 1024 --micro-batch 64 --steps 60
 Prints "samples/s <median over steps after warm-up>".
 """
@@ -24,6 +31,64 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def documents_worker(rank, args, results):
+    """--documents: real tokens per second of DDP with per-micro-batch padding in file order."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args.port))
+    os.environ.setdefault("USE_LIBUV", "0")
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    torch.manual_seed(0)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "jobs", "models"))
+    import gpt
+    import h5py
+    with h5py.File(args.documents, "r") as f:
+        tokens = torch.from_numpy(f["tokens"][:].astype("int64"))
+        offsets = f["offsets"][:].tolist()
+    docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    model = gpt.GPT(256, args.context, args.width, args.layers, args.heads, 0.1)
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ["mask"])
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=0.003, weight_decay=0.01)
+    per_rank = args.global_batch // args.ranks
+    times, real, padded, mine_real = [], [], [], 0
+    for step in range(args.steps):
+        batch = docs[step * args.global_batch:(step + 1) * args.global_batch]
+        mine = batch[rank * per_rank:(rank + 1) * per_rank]
+        counted = sum(len(d) - 1 for d in batch)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=False)
+        groups = [mine[i:i + args.micro_batch] for i in range(0, len(mine), args.micro_batch)]
+        step_padded = 0
+        for k, group in enumerate(groups):
+            width = max(len(d) for d in group)
+            x = torch.zeros(len(group), width, dtype=torch.int64)
+            y = torch.full((len(group), width), -100, dtype=torch.int64)
+            for j, d in enumerate(group):
+                x[j, :len(d)] = d
+                y[j, :len(d) - 1] = d[1:]
+            step_padded += len(group) * width
+            with ddp.no_sync() if k + 1 < len(groups) else contextlib.nullcontext():
+                out = ddp(x)
+                loss = torch.nn.functional.cross_entropy(
+                    out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum") / counted
+                loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+        real.append(sum(len(d) for d in batch))
+        padded.append(step_padded)
+        mine_real += sum(len(d) for d in mine)
+    totals = torch.tensor([float(mine_real), float(sum(padded))])
+    dist.all_reduce(totals)
+    if rank == 0:
+        skip = args.steps // 4
+        rate = sum(real[skip:]) / sum(times[skip:])
+        results.put((rate, 1.0 - float(totals[0]) / float(totals[1]) if args.steps else 0.0))
+    dist.destroy_process_group()
 
 
 def worker(rank, args, results):
@@ -103,8 +168,16 @@ def main():
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--documents", help="--model gpt on document data (tokens + offsets)")
+    parser.add_argument("--context", type=int, default=256, help="--documents: the GPT's context")
     args = parser.parse_args()
     results = mp.get_context("spawn").SimpleQueue()
+    if args.documents:
+        mp.start_processes(documents_worker, args=(args, results), nprocs=args.ranks,
+                           start_method="spawn")
+        rate, padding = results.get()
+        print(f"tokens/s {rate:.0f} padding {padding:.4f}")
+        return
     mp.start_processes(worker, args=(args, results), nprocs=args.ranks, start_method="spawn")
     print(f"samples/s {results.get():.0f}")
 
