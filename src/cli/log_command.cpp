@@ -86,8 +86,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
                     : log.attribute("global_batch"))
       << (tokens ? (by_tokens ? ", micro-batch tokens " : " documents, micro-batch tokens ")
                  : ", micro-batch ")
-      << log.attribute("micro_batch_mode")
-      << ", memory limit " << log.attribute("memory_limit", "none") << ", precision "
+      << log.attribute("micro_batch_mode") << ", memory limit "
+      << log.attribute("memory_limit", "none") << ", precision "
       << log.attribute("precision", "fp32") << "\n";
   out << "  model " << log.attribute("model", "?") << ", optimizer "
       << log.attribute("optimizer", "?") << ", lr " << log.attribute("lr", "?") << ", data "
@@ -197,7 +197,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     const double real_sum = std::accumulate(real.begin(), real.end(), 0.0);
     const double padded_sum = std::accumulate(padded.begin(), padded.end(), 0.0);
     out << "Tokens: " << integer(real_sum) << " trained, " << integer(padded_sum)
-        << " processed with padding (" << number(padded_sum > 0 ? 100.0 * (1 - real_sum / padded_sum) : 0.0, "%.1f")
+        << " processed with padding ("
+        << number(padded_sum > 0 ? 100.0 * (1 - real_sum / padded_sum) : 0.0, "%.1f")
         << "% padding)";
     if (step_sum > 0) out << ", " << number(real_sum / step_sum, "%.0f") << " tokens/s";
     out << "\n";

@@ -73,8 +73,8 @@ BatchPlan BatchPlan::by_tokens(const std::vector<std::int64_t>& lengths, std::in
     const std::int64_t n = lengths[static_cast<std::size_t>(i)];
     if (n > tokens) {
       throw UsageError("--global-batch-tokens " + std::to_string(tokens) +
-                       " is smaller than document " + std::to_string(i) + " (" +
-                       std::to_string(n) + " tokens); raise it, or split long documents");
+                       " is smaller than document " + std::to_string(i) + " (" + std::to_string(n) +
+                       " tokens); raise it, or split long documents");
     }
     if (in_batch + n > tokens) {
       boundaries.push_back(i);

@@ -296,9 +296,9 @@ std::vector<std::string> split_documents(const std::string& text, const std::str
     std::size_t end = text.find('\n', begin);
     end = end == std::string::npos ? text.size() : end + 1;
     const std::string line = text.substr(begin, end - begin);
-    const bool boundary =
-        split == "fortune" ? (line == "%\n" || line == "%")
-                           : line.find_first_not_of(" \t\r\n") == std::string::npos;
+    const bool boundary = split == "fortune"
+                              ? (line == "%\n" || line == "%")
+                              : line.find_first_not_of(" \t\r\n") == std::string::npos;
     if (boundary) {
       documents.push_back(current);
       current.clear();
@@ -357,7 +357,8 @@ TextImport import_text_documents(const TextOptions& o) {
     result.bytes += static_cast<std::int64_t>(text.size());
     for (const auto& d : split_documents(text, o.documents)) {
       if (d.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-      const std::size_t piece = o.max_length > 0 ? static_cast<std::size_t>(o.max_length) : d.size();
+      const std::size_t piece =
+          o.max_length > 0 ? static_cast<std::size_t>(o.max_length) : d.size();
       for (std::size_t at = 0; at < d.size(); at += piece)
         documents.push_back(d.substr(at, piece));
     }

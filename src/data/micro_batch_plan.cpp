@@ -99,8 +99,8 @@ Batch micro_batch(const Batch& slab, const MicroBatchPiece& piece) {
   at::Tensor ids = at::zeros({m, width}, longs);
   at::Tensor lengths = at::empty({m}, longs);
   const bool per_document = documents->target == Documents::Target::kPerDocument;
-  at::Tensor target = per_document ? at::empty({m}, longs)
-                                   : at::full({m, width}, documents->ignore_index, longs);
+  at::Tensor target =
+      per_document ? at::empty({m}, longs) : at::full({m, width}, documents->ignore_index, longs);
   const std::int64_t* tokens = documents->tokens.data_ptr<std::int64_t>();
   const std::int64_t* labels =
       documents->labels.defined() ? documents->labels.data_ptr<std::int64_t>() : nullptr;

@@ -69,10 +69,9 @@ std::string DataSchema::describe() const {
     for (const auto& f : fields) {
       out << f.name << " " << f.stored_type;
       if (f.is_target) {
-        out << (f.row_shape.empty() ? " (target: one label per document)"
-                                    : f.name == "next token"
-                                          ? " (target: the next token of each document)"
-                                          : " (target: one label per token)");
+        out << (f.row_shape.empty()      ? " (target: one label per document)"
+                : f.name == "next token" ? " (target: the next token of each document)"
+                                         : " (target: one label per token)");
       } else if (f.name == "lengths") {
         out << " (input: each document's length, int64 [rows])";
       } else {
@@ -534,8 +533,8 @@ void SlabReader::open_documents(std::vector<std::string> inputs, std::string tar
       if (classes < 1)
         throw InputError("'" + path + "': attribute num_classes is " + std::to_string(classes));
       if (declared_classes && *declared_classes != classes)
-        throw InputError("'" + path + "' says num_classes = " + std::to_string(classes) +
-                         " but '" + declared_in + "' says " + std::to_string(*declared_classes));
+        throw InputError("'" + path + "' says num_classes = " + std::to_string(classes) + " but '" +
+                         declared_in + "' says " + std::to_string(*declared_classes));
       declared_classes = classes;
       declared_in = path;
     }
@@ -569,11 +568,10 @@ void SlabReader::open_documents(std::vector<std::string> inputs, std::string tar
     };
     scan_integers(shard.datasets[0], shard.offsets.back(), [&](std::int64_t at, std::int64_t id) {
       if (id < 0 || (declared_classes && !per_document && id >= *declared_classes)) {
-        throw InputError(where(paths_[s], "tokens") + ": token id " + std::to_string(id) +
-                         " at position " + std::to_string(at) + " (document " +
-                         std::to_string(document_of(at)) + ") is " +
-                         (id < 0 ? "negative"
-                                 : "at or above num_classes " + std::to_string(*declared_classes)));
+        throw InputError(
+            where(paths_[s], "tokens") + ": token id " + std::to_string(id) + " at position " +
+            std::to_string(at) + " (document " + std::to_string(document_of(at)) + ") is " +
+            (id < 0 ? "negative" : "at or above num_classes " + std::to_string(*declared_classes)));
       }
       max_token = std::max(max_token, id);
     });
@@ -591,16 +589,17 @@ void SlabReader::open_documents(std::vector<std::string> inputs, std::string tar
       max_label = std::max(max_label, label);
     });
   }
-  const std::int64_t largest = layout_.target == Documents::Target::kNextToken ? max_token
-                                                                                : max_label;
+  const std::int64_t largest =
+      layout_.target == Documents::Target::kNextToken ? max_token : max_label;
   schema_.num_classes = declared_classes ? *declared_classes : largest + 1;
   schema_.max_label = largest;
   schema_.fields.push_back({"tokens", FieldType::kInt64, {-1}, false, token_type});
-  if (layout_.lengths_input) schema_.fields.push_back({"lengths", FieldType::kInt64, {}, false, "int64"});
-  schema_.fields.push_back({layout_.target_name, FieldType::kInt64,
-                            per_document ? std::vector<std::int64_t>{}
-                                         : std::vector<std::int64_t>{-1},
-                            true, target_type});
+  if (layout_.lengths_input)
+    schema_.fields.push_back({"lengths", FieldType::kInt64, {}, false, "int64"});
+  schema_.fields.push_back(
+      {layout_.target_name, FieldType::kInt64,
+       per_document ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{-1}, true,
+       target_type});
 }
 
 Batch SlabReader::read_documents(std::int64_t begin, std::int64_t end) const {
@@ -644,8 +643,8 @@ Batch SlabReader::read_documents(std::int64_t begin, std::int64_t end) const {
           documents->labels.data_ptr<std::int64_t>() + done_documents);
     }
     for (std::int64_t i = 1; i <= piece.count; ++i)
-      documents->offsets.push_back(done_tokens + offsets[static_cast<std::size_t>(piece.first + i)] -
-                                   t0);
+      documents->offsets.push_back(done_tokens +
+                                   offsets[static_cast<std::size_t>(piece.first + i)] - t0);
     done_tokens += t1 - t0;
     done_documents += piece.count;
   }
@@ -663,8 +662,8 @@ std::string DataSchema::describe_documents() const {
     return sorted[static_cast<std::size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5)];
   };
   std::ostringstream out;
-  out << rows << " documents, " << tokens << " tokens; length min " << at(0) << ", p50 "
-      << at(0.5) << ", p90 " << at(0.9) << ", p99 " << at(0.99) << ", max " << at(1);
+  out << rows << " documents, " << tokens << " tokens; length min " << at(0) << ", p50 " << at(0.5)
+      << ", p90 " << at(0.9) << ", p99 " << at(0.99) << ", max " << at(1);
   return out.str();
 }
 

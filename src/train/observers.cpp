@@ -172,10 +172,10 @@ void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks)
   char line[240];
   if (!ranks.pieces.empty()) {
     // Documents: "tokens 4096 x 3  pad 4%": budget x micro-batches, and the step's padding.
-    const double padding =
-        row.padded_tokens > 0
-            ? 100.0 * (1.0 - static_cast<double>(row.tokens) / static_cast<double>(row.padded_tokens))
-            : 0.0;
+    const double padding = row.padded_tokens > 0
+                               ? 100.0 * (1.0 - static_cast<double>(row.tokens) /
+                                                    static_cast<double>(row.padded_tokens))
+                               : 0.0;
     std::snprintf(line, sizeof line,
                   "step %lld/%lld  loss %.4f  lr %.4g  tokens %s  pad %.0f%%  %s docs/s  ETA %s",
                   static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss,

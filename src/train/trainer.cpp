@@ -264,9 +264,9 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
       worst_peak = std::max(worst_peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
     std::ostringstream message;
     message << event.ranks_text << " ran out of memory at "
-            << (documents() ? "token budget " : "micro-batch ")
-            << sizes_text(event.micro_batches) << event.where_text << " (limit " << event.limit_text
-            << ", peak " << memory::format_bytes(worst_peak) << ") at step " << step << ": ";
+            << (documents() ? "token budget " : "micro-batch ") << sizes_text(event.micro_batches)
+            << event.where_text << " (limit " << event.limit_text << ", peak "
+            << memory::format_bytes(worst_peak) << ") at step " << step << ": ";
     if (micro_batches->automatic() && documents()) {
       const auto& lengths = reader->schema().lengths;
       const auto longest = std::max_element(lengths.begin(), lengths.end());
@@ -467,18 +467,17 @@ TrainResult Trainer::run_steps() {
     row.step = s.step - 1;
     row.epoch = (s.step - 1) / per_epoch;
     row.micro_batch = s.micro_batches->current(0);
-    row.accumulation = s.documents() ? rank0_pieces
-                                     : s.micro_batches->accumulation(0, step_shares.front());
+    row.accumulation =
+        s.documents() ? rank0_pieces : s.micro_batches->accumulation(0, step_shares.front());
     row.tokens = step_tokens;
     row.padded_tokens = step_padded;
     row.loss = outcome.loss;
     row.lr = lr;
     row.loss_scale = loss_scale;
     row.step_seconds = step_seconds;
-    row.samples_per_second =
-        static_cast<double>(std::accumulate(step_shares.begin(), step_shares.end(),
-                                            std::int64_t{0})) /
-        step_seconds;
+    row.samples_per_second = static_cast<double>(std::accumulate(
+                                 step_shares.begin(), step_shares.end(), std::int64_t{0})) /
+                             step_seconds;
     row.oom_retries = retries;
     row.skipped = skipped ? 1 : 0;
     row.data_wait_seconds = data_wait;

@@ -59,8 +59,9 @@ std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataO
       ": resumed so, the run would read some rows of the epoch twice and others never. Resume "
       "with the checkpoint's value, or start a new run (another --checkpoint)";
   const auto batch_text = [](const io::DataOrder& d) {
-    return d.global_batch_tokens > 0 ? "--global-batch-tokens " + std::to_string(d.global_batch_tokens)
-                                     : "--global-batch " + std::to_string(d.global_batch);
+    return d.global_batch_tokens > 0
+               ? "--global-batch-tokens " + std::to_string(d.global_batch_tokens)
+               : "--global-batch " + std::to_string(d.global_batch);
   };
   if (batch_text(saved) != batch_text(now))
     return head + batch_text(saved) + ", this run has " + batch_text(now) + tail;
@@ -207,9 +208,9 @@ void Trainer::State::restore(const io::Checkpoint& c) {
                   : "per-rank micro-batches (" + sizes_text(saved) +
                         ") do not map onto other ranks: every rank starts at " +
                         std::to_string(largest) + " and halves where it runs out of memory") +
-           (largest > size_cap ? " (capped at the new per-rank batch, " +
-                                     std::to_string(size_cap) + ")"
-                               : "");
+           (largest > size_cap
+                ? " (capped at the new per-rank batch, " + std::to_string(size_cap) + ")"
+                : "");
     saved = {largest};
   } else if (!saved.empty() && static_cast<int>(saved.size()) != world) {
     saved = {*std::max_element(saved.begin(), saved.end())};

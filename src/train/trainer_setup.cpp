@@ -236,12 +236,11 @@ void Trainer::State::open_data() {
       const auto& a = reader->schema();
       const auto& b = val_reader->schema();
       if (a.documents != b.documents || a.fields.size() != b.fields.size()) {
-        throw InputError("--val-data '" + val_reader->paths().front() + "' holds " +
-                         (b.documents ? "documents" : "rows") + " with " +
-                         std::to_string(b.fields.size()) + " field(s), but --data '" +
-                         reader->paths().front() + "' holds " +
-                         (a.documents ? "documents" : "rows") + " with " +
-                         std::to_string(a.fields.size()));
+        throw InputError(
+            "--val-data '" + val_reader->paths().front() + "' holds " +
+            (b.documents ? "documents" : "rows") + " with " + std::to_string(b.fields.size()) +
+            " field(s), but --data '" + reader->paths().front() + "' holds " +
+            (a.documents ? "documents" : "rows") + " with " + std::to_string(a.fields.size()));
       }
       for (std::size_t i = 0; i < a.fields.size(); ++i) {
         if (a.fields[i].type != b.fields[i].type ||
@@ -318,8 +317,10 @@ void Trainer::State::choose_token_budgets() {
                      "micro-batch)");
   }
   if (o.model_file.empty()) {
-    throw UsageError(data + " holds documents: train them with --model-file (a TorchScript model "
-                     "taking token ids [m, L]); --model " + o.model + " takes fixed rows");
+    throw UsageError(data +
+                     " holds documents: train them with --model-file (a TorchScript model "
+                     "taking token ids [m, L]); --model " +
+                     o.model + " takes fixed rows");
   }
   if (o.balance) {
     throw UsageError("--balance throughput: not available for document data yet (" + data +
@@ -581,12 +582,12 @@ void Trainer::State::open_observers() {
   }
   if (root && !options.quiet) {
     // Batches cut by tokens vary in documents: the rate uses their mean over an epoch.
-    const std::int64_t per_batch =
-        plan->by_tokens() ? plan->file_batch(plan->batches_per_epoch() - 1).end /
-                                std::max<std::int64_t>(1, plan->batches_per_epoch())
-                          : options.global_batch;
-    observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps,
-                                                           per_batch));
+    const std::int64_t per_batch = plan->by_tokens()
+                                       ? plan->file_batch(plan->batches_per_epoch() - 1).end /
+                                             std::max<std::int64_t>(1, plan->batches_per_epoch())
+                                       : options.global_batch;
+    observers.push_back(
+        std::make_unique<ProgressObserver>(options.log_every, step, total_steps, per_batch));
   }
 }
 
@@ -602,8 +603,7 @@ void Trainer::State::announce() {
     banner << "; " << model_state->reduce_count()
            << " buffer value(s) averaged over the ranks every step";
   }
-  banner << "\nautoaccum: loss: " << objective->describe()
-         << "\nautoaccum: ";
+  banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
   if (documents()) {
     banner << reader->schema().describe_documents() << "\nautoaccum: global batch ";
     if (plan->by_tokens()) {
@@ -612,9 +612,9 @@ void Trainer::State::announce() {
     } else {
       banner << options.global_batch << " documents";
     }
-    banner << ", split between ranks by tokens ("
-           << plan->batches_per_epoch() << " batches per epoch), " << total_steps
-           << " steps; micro-batch tokens " << (micro_batches->automatic() ? "auto" : "fixed")
+    banner << ", split between ranks by tokens (" << plan->batches_per_epoch()
+           << " batches per epoch), " << total_steps << " steps; micro-batch tokens "
+           << (micro_batches->automatic() ? "auto" : "fixed")
            << (micro_batches->per_rank() ? " per rank" : "")
            << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
            << " padded tokens (documents x longest)";

@@ -107,9 +107,9 @@ struct Trainer::State {
                                                        options.refine_micro_batch,
                                                        options.micro_batch_per_rank, size_floor);
   }
-  std::unique_ptr<ShareSchedule> shares;            // every rank's rows of each step's batch
-  SpeedWindow speed_window;                         // --balance: rows and seconds since the last
-  double slow_factor = 1.0;                         // --inject-slow on this rank
+  std::unique_ptr<ShareSchedule> shares;  // every rank's rows of each step's batch
+  SpeedWindow speed_window;               // --balance: rows and seconds since the last
+  double slow_factor = 1.0;               // --inject-slow on this rank
 
   // The one all-reduced buffer and its regions.
   std::unique_ptr<ReduceBuffer> reduce;

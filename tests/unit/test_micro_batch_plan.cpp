@@ -116,8 +116,8 @@ TEST(MicroBatch, DocumentsArePaddedOnTheRightWithTheirNextTokens) {
   ASSERT_EQ(micro.size(), 3u);
   EXPECT_TRUE(micro[0].equal(torch::tensor({{2, 3, 4}, {5, 6, 0}, {1, 0, 0}}, torch::kInt64)));
   EXPECT_TRUE(micro[1].equal(torch::tensor({3, 2, 1}, torch::kInt64)));
-  EXPECT_TRUE(micro[2].equal(
-      torch::tensor({{3, 4, -7}, {6, -7, -7}, {-7, -7, -7}}, torch::kInt64)));
+  EXPECT_TRUE(
+      micro[2].equal(torch::tensor({{3, 4, -7}, {6, -7, -7}, {-7, -7, -7}}, torch::kInt64)));
   // A budget of 4 tokens: the 3-token document alone, then the two others padded to 2.
   const MicroBatchPlan small = plan_micro_batches(slab, 4);
   ASSERT_EQ(small.pieces.size(), 2u);

@@ -15,8 +15,8 @@ namespace autoaccum::data {
 // micro-batch plan (data/micro_batch_plan.hpp): [m, L] ids padded on the right.
 struct Documents {
   enum class Target {
-    kNextToken,  // implicit: the next token inside the document; the last position has none
-    kPerToken,   // a ragged labels dataset on the same offsets as the tokens
+    kNextToken,   // implicit: the next token inside the document; the last position has none
+    kPerToken,    // a ragged labels dataset on the same offsets as the tokens
     kPerDocument  // one label per document ([N]): sequence classification
   };
   at::Tensor tokens;  // int64 [offsets.back()]

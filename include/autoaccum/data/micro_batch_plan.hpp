@@ -12,11 +12,11 @@
 namespace autoaccum::data {
 
 struct MicroBatchPiece {
-  std::int64_t first = 0;                // rows: the slab's first row in it
-  std::vector<std::int64_t> documents;   // documents: the slab's documents in it, longest first
-  std::int64_t count = 0;                // rows or documents in it
-  std::int64_t width = 0;                // documents: the padded length (its longest); rows: 0
-  std::int64_t tokens = 0;               // documents: the real tokens in it
+  std::int64_t first = 0;               // rows: the slab's first row in it
+  std::vector<std::int64_t> documents;  // documents: the slab's documents in it, longest first
+  std::int64_t count = 0;               // rows or documents in it
+  std::int64_t width = 0;               // documents: the padded length (its longest); rows: 0
+  std::int64_t tokens = 0;              // documents: the real tokens in it
   // The size a budget limits: padded tokens for documents, rows for rows.
   std::int64_t size() const noexcept { return width > 0 ? count * width : count; }
 };

@@ -14,7 +14,7 @@ namespace autoaccum::io {
 // What decides which rows each step reads: with the same record, a resumed run reads exactly
 // the rows the interrupted one would have. global_batch 0: not recorded (an older checkpoint).
 struct DataOrder {
-  std::int64_t global_batch = 0;    // attribute data_global_batch
+  std::int64_t global_batch = 0;  // attribute data_global_batch
   // data_global_batch_tokens: document batches cut by tokens (--global-batch-tokens); 0: none.
   std::int64_t global_batch_tokens = 0;
   std::string shuffle;              // data_shuffle: "batch" or "none"

@@ -41,8 +41,8 @@ struct TrainOptions {
   // Document data: --micro-batch-tokens N, padded tokens per micro-batch (nullopt: auto).
   std::optional<std::int64_t> micro_batch_tokens;
   bool micro_batch_tokens_given = false;
-  bool refine_micro_batch = false;          // --micro-batch-search refine
-  std::int64_t steps = 0;                   // 0: from epochs
+  bool refine_micro_batch = false;  // --micro-batch-search refine
+  std::int64_t steps = 0;           // 0: from epochs
   double epochs = 0;
   std::string shuffle = "batch";
 
