@@ -239,6 +239,30 @@ void write_windows(const std::string& path, const std::vector<std::uint8_t>& byt
 
 }  // namespace
 
+namespace {
+
+// The two files an import of `files` writes into `out_dir`, checked apart from the sources
+// (before anything is written), with the folder made.
+std::vector<std::string> text_outputs(const std::vector<std::string>& files,
+                                      const std::string& out_dir, const std::string& train,
+                                      const std::string& validation) {
+  const std::vector<std::string> outputs = {out_dir + "/" + train, out_dir + "/" + validation};
+  std::vector<core::NamedPath> inputs;
+  for (const auto& path : files)
+    inputs.push_back({"import text source", path});
+  core::check_outputs_apart(inputs, {{"--out", outputs[0]}, {"--out", outputs[1]}});
+  ensure_directory(out_dir);
+  return outputs;
+}
+
+// The `source` attribute: "a.txt", or "a.txt (+3 files)".
+std::string source_text(const std::vector<std::string>& files) {
+  return files.size() == 1 ? files.front()
+                           : files.front() + " (+" + std::to_string(files.size() - 1) + " files)";
+}
+
+}  // namespace
+
 TextImport import_text(const TextOptions& o) {
   if (o.context < 1) throw UsageError("--context must be at least 1");
   if (!(o.validation_fraction > 0 && o.validation_fraction < 1))
@@ -259,22 +283,13 @@ TextImport import_text(const TextOptions& o) {
   }
   const std::int64_t val = std::max<std::int64_t>(
       1, static_cast<std::int64_t>(static_cast<double>(windows) * o.validation_fraction));
-  const std::vector<std::string> outputs = {o.out_dir + "/text-train.h5",
-                                            o.out_dir + "/text-val.h5"};
-  {
-    std::vector<core::NamedPath> inputs;
-    for (const auto& path : files)
-      inputs.push_back({"import text source", path});
-    core::check_outputs_apart(inputs, {{"--out", outputs[0]}, {"--out", outputs[1]}});
-  }
-  ensure_directory(o.out_dir);
+  const std::vector<std::string> outputs =
+      text_outputs(files, o.out_dir, "text-train.h5", "text-val.h5");
   TextImport result;
   result.bytes = total;
   result.train_rows = windows - val;
   result.val_rows = val;
-  const std::string source =
-      files.size() == 1 ? files.front()
-                        : files.front() + " (+" + std::to_string(files.size() - 1) + " files)";
+  const std::string source = source_text(files);
   result.paths = outputs;
   write_windows(result.paths[0], bytes, 0, result.train_rows, o.context, source);
   write_windows(result.paths[1], bytes, result.train_rows, val, o.context, source);
@@ -371,18 +386,9 @@ TextImport import_text_documents(const TextOptions& o) {
   const auto count = static_cast<std::int64_t>(documents.size());
   const std::int64_t val = std::max<std::int64_t>(
       1, static_cast<std::int64_t>(static_cast<double>(count) * o.validation_fraction));
-  const std::vector<std::string> outputs = {o.out_dir + "/text-docs-train.h5",
-                                            o.out_dir + "/text-docs-val.h5"};
-  {
-    std::vector<core::NamedPath> inputs;
-    for (const auto& path : files)
-      inputs.push_back({"import text source", path});
-    core::check_outputs_apart(inputs, {{"--out", outputs[0]}, {"--out", outputs[1]}});
-  }
-  ensure_directory(o.out_dir);
-  const std::string source =
-      files.size() == 1 ? files.front()
-                        : files.front() + " (+" + std::to_string(files.size() - 1) + " files)";
+  const std::vector<std::string> outputs =
+      text_outputs(files, o.out_dir, "text-docs-train.h5", "text-docs-val.h5");
+  const std::string source = source_text(files);
   result.paths = outputs;
   result.train_rows = count - val;
   result.val_rows = val;

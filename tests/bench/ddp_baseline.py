@@ -33,14 +33,20 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def documents_worker(rank, args, results):
-    """--documents: real tokens per second of DDP with per-micro-batch padding in file order."""
+def join_group(rank, args):
+    """This process's gloo group, threads and seed."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(args.port))
+    # PyTorch >= 2.4 asks for a libuv TCP store by default; Debian 13's torch is built without it.
     os.environ.setdefault("USE_LIBUV", "0")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(0)
+
+
+def documents_worker(rank, args, results):
+    """--documents: real tokens per second of DDP with per-micro-batch padding in file order."""
+    join_group(rank, args)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                     "jobs", "models"))
     import gpt
@@ -92,13 +98,7 @@ def documents_worker(rank, args, results):
 
 
 def worker(rank, args, results):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    # PyTorch >= 2.4 asks for a libuv TCP store by default; Debian 13's torch is built without it.
-    os.environ.setdefault("USE_LIBUV", "0")
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    torch.manual_seed(0)
+    join_group(rank, args)
     per_rank = args.global_batch // args.ranks
     if args.model == "gpt":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
