@@ -62,26 +62,39 @@ std::int64_t padded_size(const std::vector<std::int64_t>& lengths) {
 }
 
 std::vector<std::int64_t> token_balanced_offsets(const std::int64_t* lengths, std::int64_t count,
-                                                 int world) {
+                                                 int world,
+                                                 const std::vector<std::int64_t>& weights) {
   if (world < 1 || count < world)
     throw Error("token_balanced_offsets: " + std::to_string(count) + " documents for " +
                 std::to_string(world) + " ranks");
+  if (!weights.empty() && static_cast<int>(weights.size()) != world)
+    throw Error("token_balanced_offsets: one weight per rank");
   std::vector<std::int64_t> prefix(static_cast<std::size_t>(count) + 1, 0);
   for (std::int64_t i = 0; i < count; ++i)
     prefix[static_cast<std::size_t>(i) + 1] = prefix[static_cast<std::size_t>(i)] + lengths[i];
   const std::int64_t total = prefix.back();
+  const auto weight = [&](std::int64_t r) {
+    return weights.empty() ? std::int64_t{1} : weights[static_cast<std::size_t>(r)];
+  };
+  std::int64_t sum = 0;
+  for (std::int64_t r = 0; r < world; ++r)
+    sum += weight(r);
+  if (sum < 1) throw Error("token_balanced_offsets: the weights sum to " + std::to_string(sum));
   const auto w = static_cast<std::int64_t>(world);
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(world) + 1, 0);
   offsets.back() = count;
+  std::int64_t before = 0;  // the weights of ranks 0..r-1
   for (std::int64_t r = 1; r < w; ++r) {
-    // The first boundary whose running total reaches r/W of the tokens, or the one before it
-    // when that comes nearer (compared as prefix x W against total x r).
-    const std::int64_t goal = total * r;
+    before += weight(r - 1);
+    // The first boundary whose running total reaches before / sum of the tokens, or the one
+    // before it when that comes nearer (compared as prefix x sum against total x before).
+    const std::int64_t goal = total * before;
     std::int64_t i = std::lower_bound(prefix.begin(), prefix.end(), goal,
-                                      [&](std::int64_t p, std::int64_t g) { return p * w < g; }) -
+                                      [&](std::int64_t p, std::int64_t g) { return p * sum < g; }) -
                      prefix.begin();
-    if (i > 0 && goal - prefix[static_cast<std::size_t>(i) - 1] * w <=
-                     (i <= count ? prefix[static_cast<std::size_t>(i)] * w - goal : goal))
+    if (i > count) i = count;
+    if (i > 0 && goal - prefix[static_cast<std::size_t>(i) - 1] * sum <=
+                     prefix[static_cast<std::size_t>(i)] * sum - goal)
       --i;
     const std::int64_t low = offsets[static_cast<std::size_t>(r) - 1] + 1;
     const std::int64_t high = count - (w - r);

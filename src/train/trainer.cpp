@@ -82,8 +82,10 @@ std::vector<std::int64_t> Trainer::State::rank_offsets(std::int64_t global_step)
   if (!documents()) return shares->offsets(global_step);
   const std::int64_t per_epoch = plan->batches_per_epoch();
   const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
-  return data::token_balanced_offsets(reader->schema().lengths.data() + batch.begin, batch.size(),
-                                      world);
+  // --balance throughput: the schedule's shares weigh the ranks' tokens.
+  return data::token_balanced_offsets(
+      reader->schema().lengths.data() + batch.begin, batch.size(), world,
+      options.balance ? shares->shares(global_step) : std::vector<std::int64_t>{});
 }
 
 data::MicroBatchPlan Trainer::State::rank_plan(std::int64_t global_step, int r) const {
@@ -299,15 +301,31 @@ void Trainer::State::rebalance(const std::vector<std::int64_t>& step_shares,
   const std::vector<double> speeds = speed_window.speeds();
   speed_window.clear();
   if (std::any_of(speeds.begin(), speeds.end(), [](double v) { return !(v > 0); })) return;
+  // Rows: whole rows, each rank at least its micro-batch. Documents: weights of the batch's
+  // tokens (parts of kTokenShares), each rank at least one part; the split keeps a document
+  // per rank.
+  const std::int64_t total = share_total();
   std::vector<std::int64_t> floors;
   for (int r = 0; r < world; ++r)
-    floors.push_back(std::min(micro_batches->current(r), options.global_batch / world));
-  const auto next = balanced_shares(options.global_batch, speeds, floors);
+    floors.push_back(documents() ? 1 : std::min(micro_batches->current(r), total / world));
+  const auto next = balanced_shares(total, speeds, floors);
   if (next == shares->shares(step + 1)) return;
   shares->change(step + 1, next);
   std::vector<std::int64_t> rates;
   for (double v : speeds)
     rates.push_back(static_cast<std::int64_t>(std::lround(v)));
+  if (documents()) {
+    std::string percents;
+    for (std::size_t r = 0; r < next.size(); ++r)
+      percents += (r ? ", " : "") +
+                  std::to_string(std::lround(100.0 * static_cast<double>(next[r]) /
+                                             static_cast<double>(total))) +
+                  "%";
+    say("step " + std::to_string(step) + ": tokens per rank " + percents +
+        " of each batch from step " + std::to_string(step + 1) + " (measured tokens/s " +
+        sizes_text(rates) + ")");
+    return;
+  }
   say("step " + std::to_string(step) + ": rows per rank " + sizes_text(next) + " from step " +
       std::to_string(step + 1) + " (measured rows/s " + sizes_text(rates) + ")");
 }
@@ -492,7 +510,23 @@ TrainResult Trainer::run_steps() {
     figures.rows = step_shares;
     figures.pieces = rank_pieces;
     s.notify([&](StepObserver& observer) { observer.on_step(row, figures); });
-    if (o.balance) s.rebalance(step_shares, outcome.compute_seconds);
+    if (o.balance) {
+      // Speeds in what the split divides: rows, or the step's tokens for documents.
+      std::vector<std::int64_t> work = step_shares;
+      if (s.documents()) {
+        const auto offsets = s.rank_offsets(s.step - 1);
+        const data::RowRange batch =
+            s.plan->batch_rows((s.step - 1) / per_epoch, (s.step - 1) % per_epoch);
+        const auto& lengths = s.reader->schema().lengths;
+        for (int r = 0; r < s.world; ++r) {
+          const auto first = lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r)];
+          const auto last =
+              lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r) + 1];
+          work[static_cast<std::size_t>(r)] = std::accumulate(first, last, std::int64_t{0});
+        }
+      }
+      s.rebalance(work, outcome.compute_seconds);
+    }
 
     // Evaluation, checkpoints, signals, and the next size to probe.
     if (o.eval_every > 0 && s.step % o.eval_every == 0 && s.step < s.total_steps) s.evaluate();

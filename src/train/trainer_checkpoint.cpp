@@ -58,13 +58,19 @@ std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataO
   const std::string tail =
       ": resumed so, the run would read some rows of the epoch twice and others never. Resume "
       "with the checkpoint's value, or start a new run (another --checkpoint)";
-  const auto batch_text = [](const io::DataOrder& d) {
-    return d.global_batch_tokens > 0
-               ? "--global-batch-tokens " + std::to_string(d.global_batch_tokens)
-               : "--global-batch " + std::to_string(d.global_batch);
+  // "--global-batch 32, this run has 64", or across the two kinds of batch, each named.
+  const auto option = [](const io::DataOrder& d) {
+    return d.global_batch_tokens > 0 ? std::string("--global-batch-tokens")
+                                     : std::string("--global-batch");
   };
-  if (batch_text(saved) != batch_text(now))
-    return head + batch_text(saved) + ", this run has " + batch_text(now) + tail;
+  const auto value = [](const io::DataOrder& d) {
+    return std::to_string(d.global_batch_tokens > 0 ? d.global_batch_tokens : d.global_batch);
+  };
+  if (option(saved) != option(now))
+    return head + option(saved) + " " + value(saved) + ", this run has " + option(now) + " " +
+           value(now) + tail;
+  if (value(saved) != value(now))
+    return head + option(saved) + " " + value(saved) + ", this run has " + value(now) + tail;
   if (saved.shuffle != now.shuffle)
     return head + "--shuffle " + saved.shuffle + ", this run has " + now.shuffle + tail;
   // The seed orders the batches of every epoch (with --shuffle none it orders nothing).
@@ -220,7 +226,7 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   // Balanced shares continue on the same ranks; on another number they start even again.
   const auto valid = [&](const std::vector<std::int64_t>& v) {
     return static_cast<int>(v.size()) == world &&
-           std::accumulate(v.begin(), v.end(), std::int64_t{0}) == options.global_batch &&
+           std::accumulate(v.begin(), v.end(), std::int64_t{0}) == share_total() &&
            std::all_of(v.begin(), v.end(), [](std::int64_t n) { return n >= 1; });
   };
   if (options.balance && valid(c.shares) && valid(c.shares_after)) {

@@ -280,7 +280,8 @@ void Trainer::State::open_data() {
             : static_cast<std::int64_t>(o.epochs * static_cast<double>(plan->batches_per_epoch()));
     if (total_steps < 1)
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
-    shares = std::make_unique<ShareSchedule>(even_shares(o.global_batch, world));
+    shares = std::make_unique<ShareSchedule>(
+        even_shares(schema.documents ? kTokenShares : o.global_batch, world));
     if (o.balance && o.micro_batch && *o.micro_batch * world > o.global_batch) {
       throw UsageError("--balance throughput keeps every rank at least its micro-batch, but " +
                        std::to_string(world) + " ranks x --micro-batch " +
@@ -321,10 +322,6 @@ void Trainer::State::choose_token_budgets() {
                      " holds documents: train them with --model-file (a TorchScript model "
                      "taking token ids [m, L]); --model " +
                      o.model + " takes fixed rows");
-  }
-  if (o.balance) {
-    throw UsageError("--balance throughput: not available for document data yet (" + data +
-                     "); each rank gets near-equal tokens of every batch");
   }
   const auto& lengths = schema.lengths;
   const auto longest = std::max_element(lengths.begin(), lengths.end()) - lengths.begin();

@@ -102,6 +102,9 @@ struct Trainer::State {
   // the starting size and cap, the fixed size if any, and the floor halving stops at.
   std::int64_t size_cap = 1, size_floor = 1;
   std::optional<std::int64_t> fixed_size;
+  // What --balance's shares of a batch add up to: its rows, or kTokenShares parts of its tokens.
+  static constexpr std::int64_t kTokenShares = 1000000;
+  std::int64_t share_total() const { return documents() ? kTokenShares : options.global_batch; }
   void make_micro_batches(const std::vector<std::int64_t>& resumed) {
     micro_batches = std::make_unique<RankMicroBatches>(world, size_cap, fixed_size, resumed,
                                                        options.refine_micro_batch,

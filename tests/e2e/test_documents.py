@@ -238,8 +238,8 @@ class Documents(TempDirTest):
             self.assertTrue(all(t <= 200 for t in f["steps/tokens"][:]))
         r, _, _ = self.train(2, "tokens", "--global-batch-tokens", 300, "--resume", steps=6,
                              batch=None, expect=1)
-        self.assertIn("was written with --global-batch-tokens 200, this run has "
-                      "--global-batch-tokens 300", um.error_lines(r)[0])
+        self.assertIn("was written with --global-batch-tokens 200, this run has 300",
+                      um.error_lines(r)[0])
 
     def test_refine_probes_budgets_upwards_and_stays_exact(self):
         _, log, checkpoint = self.train(2, "refine", "--micro-batch-search", "refine",
@@ -251,6 +251,20 @@ class Documents(TempDirTest):
             halved = int(f["oom/next_micro_batch"][:][at_first][-1])  # where step 0 settled
         self.assertLessEqual(halved, 70)
         self.assertGreater(max(budgets[1:]), halved, budgets)  # a probe above the halved budget
+
+    def test_balance_gives_a_slow_rank_fewer_tokens_and_stays_exact(self):
+        _, log, checkpoint = self.train(2, "balance", "--balance", "throughput",
+                                        "--balance-every", 2, "--inject-slow", "rank=1,factor=4",
+                                        "--micro-batch-tokens", 60, steps=6)
+        self.assert_equals_reference(checkpoint, steps=6)
+        with h5py.File(log, "r") as f:
+            g = {c: f[f"rank_sizes/{c}"][:] for c in ("step", "rank", "rows")}
+        rows0 = [int(g["rows"][i]) for i in range(len(g["step"])) if g["rank"][i] == 0][-1]
+        lengths = [len(d) for d in self.docs]
+        last = lengths[60:72]  # step 5: the sixth batch (--shuffle none)
+        t0, t1 = sum(last[:rows0]), sum(last[rows0:])
+        # 4x slower per token: about a fifth of the tokens; even would be about half.
+        self.assertLess(t1, 0.6 * t0, (t0, t1))
 
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
         r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)

@@ -101,6 +101,20 @@ TEST(TokenBalancedOffsets, ContiguousNonEmptyAndNearEqual) {
   }
 }
 
+TEST(TokenBalancedOffsets, WeightsMoveTheCutsAndEqualWeightsChangeNothing) {
+  const std::vector<std::int64_t> lengths(40, 10);  // 400 tokens
+  const auto even = token_balanced_offsets(lengths.data(), 40, 2);
+  EXPECT_EQ(even, token_balanced_offsets(lengths.data(), 40, 2, {7, 7}));
+  EXPECT_EQ(even, std::vector<std::int64_t>({0, 20, 40}));
+  EXPECT_EQ(token_balanced_offsets(lengths.data(), 40, 2, {3, 1}),
+            std::vector<std::int64_t>({0, 30, 40}));
+  EXPECT_EQ(token_balanced_offsets(lengths.data(), 40, 3, {1, 2, 1}),
+            std::vector<std::int64_t>({0, 10, 30, 40}));
+  // A weight too small for a document still leaves every rank one.
+  EXPECT_EQ(token_balanced_offsets(lengths.data(), 40, 2, {1, 1000000}),
+            std::vector<std::int64_t>({0, 1, 40}));
+}
+
 TEST(MicroBatch, DocumentsArePaddedOnTheRightWithTheirNextTokens) {
   auto documents = std::make_shared<Documents>();
   documents->tokens = torch::tensor({1, 2, 3, 4, 5, 6}, torch::kInt64);

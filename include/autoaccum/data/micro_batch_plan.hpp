@@ -52,7 +52,10 @@ std::int64_t padded_size(const std::vector<std::int64_t>& lengths);
 // ranges of near-equal tokens: offsets [world + 1] into the batch, each rank at least one
 // document (count >= world). Rank r's range ends where the running total comes nearest to
 // r+1 / world of the batch's tokens (integer arithmetic: the same cut on every platform).
+// `weights` (one per rank, e.g. --balance throughput's shares): rank r's range ends nearest to
+// (w0 + ... + wr) / sum(w) of the tokens instead; empty: equal weights.
 std::vector<std::int64_t> token_balanced_offsets(const std::int64_t* lengths, std::int64_t count,
-                                                 int world);
+                                                 int world,
+                                                 const std::vector<std::int64_t>& weights = {});
 
 }  // namespace autoaccum::data
