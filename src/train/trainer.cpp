@@ -67,37 +67,6 @@ void request_stop() noexcept {
   g_stop.store(true);
 }
 
-// This rank's rows of step `global_step`: its part of that step's global batch under the split
-// the schedule gives for the step (even, or balanced by speed).
-data::Batch Trainer::State::read_rank_rows(std::int64_t global_step) const {
-  const std::int64_t per_epoch = plan->batches_per_epoch();
-  const memory::UncountedScope staging;  // host staging, as pinned memory on a GPU
-  const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
-  const auto offsets = rank_offsets(global_step);
-  const auto r = static_cast<std::size_t>(rank);
-  return reader->read(batch.begin + offsets[r], batch.begin + offsets[r + 1]);
-}
-
-std::vector<std::int64_t> Trainer::State::rank_offsets(std::int64_t global_step) const {
-  if (!documents()) return shares->offsets(global_step);
-  const std::int64_t per_epoch = plan->batches_per_epoch();
-  const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
-  // --balance throughput: the schedule's shares weigh the ranks' tokens.
-  return data::token_balanced_offsets(
-      reader->schema().lengths.data() + batch.begin, batch.size(), world,
-      options.balance ? shares->shares(global_step) : std::vector<std::int64_t>{});
-}
-
-data::MicroBatchPlan Trainer::State::rank_plan(std::int64_t global_step, int r) const {
-  const std::int64_t per_epoch = plan->batches_per_epoch();
-  const data::RowRange batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
-  const auto offsets = rank_offsets(global_step);
-  const auto& lengths = reader->schema().lengths;
-  const auto first = lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r)];
-  const auto last = lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r) + 1];
-  return data::plan_documents(std::vector<std::int64_t>(first, last), micro_batches->current(r));
-}
-
 // One attempt at the current batch with micro-batch m. Every rank returns the same outcome: it
 // comes from the reduced buffer. A failed attempt leaves buffers and random state as they were.
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
@@ -458,18 +427,15 @@ TrainResult Trainer::run_steps() {
             ": non-finite loss or gradient on some rank; step skipped (" +
             std::to_string(s.result.skipped_steps) + " so far)");
     }
-    std::vector<std::int64_t> step_shares;
-    {
-      const auto offsets = s.rank_offsets(s.step);
-      for (std::size_t r = 0; r + 1 < offsets.size(); ++r)
-        step_shares.push_back(offsets[r + 1] - offsets[r]);
-    }
+    const Trainer::State::StepSplit split = s.split_of(s.step);
+    const std::vector<std::int64_t>& step_shares = split.rows;
     // Document data: every rank's plan at the budgets that succeeded, for the run log.
     std::int64_t step_tokens = 0, step_padded = 0, rank0_pieces = 0;
     std::vector<std::int64_t> rank_pieces;
     if (s.documents() && s.root) {
       for (int r = 0; r < s.world; ++r) {
-        const data::MicroBatchPlan cut = s.rank_plan(s.step, r);
+        const data::MicroBatchPlan cut =
+            data::plan_documents(split.lengths(s, r), s.micro_batches->current(r));
         step_tokens += cut.tokens;
         step_padded += cut.padded_tokens;
         rank_pieces.push_back(static_cast<std::int64_t>(cut.pieces.size()));
@@ -510,23 +476,8 @@ TrainResult Trainer::run_steps() {
     figures.rows = step_shares;
     figures.pieces = rank_pieces;
     s.notify([&](StepObserver& observer) { observer.on_step(row, figures); });
-    if (o.balance) {
-      // Speeds in what the split divides: rows, or the step's tokens for documents.
-      std::vector<std::int64_t> work = step_shares;
-      if (s.documents()) {
-        const auto offsets = s.rank_offsets(s.step - 1);
-        const data::RowRange batch =
-            s.plan->batch_rows((s.step - 1) / per_epoch, (s.step - 1) % per_epoch);
-        const auto& lengths = s.reader->schema().lengths;
-        for (int r = 0; r < s.world; ++r) {
-          const auto first = lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r)];
-          const auto last =
-              lengths.begin() + batch.begin + offsets[static_cast<std::size_t>(r) + 1];
-          work[static_cast<std::size_t>(r)] = std::accumulate(first, last, std::int64_t{0});
-        }
-      }
-      s.rebalance(work, outcome.compute_seconds);
-    }
+    // Speeds in what the split divides: rows, or the step's tokens for documents.
+    if (o.balance) s.rebalance(s.documents() ? split.tokens : split.rows, outcome.compute_seconds);
 
     // Evaluation, checkpoints, signals, and the next size to probe.
     if (o.eval_every > 0 && s.step % o.eval_every == 0 && s.step < s.total_steps) s.evaluate();

@@ -152,12 +152,19 @@ struct Trainer::State {
   data::Batch read_rank_rows(std::int64_t global_step) const;
   // Document data (rows are documents; micro-batch sizes are token budgets).
   bool documents() const { return reader->schema().documents; }
-  // Rank r's rows of step `global_step` are [offsets[r], offsets[r + 1]) of its global batch:
-  // the schedule's split for rows, near-equal tokens for documents.
-  std::vector<std::int64_t> rank_offsets(std::int64_t global_step) const;
-  // Document data: rank r's micro-batch plan at step `global_step` under its current budget
-  // (every rank can compute every rank's: the lengths and the budgets are known everywhere).
-  data::MicroBatchPlan rank_plan(std::int64_t global_step, int r) const;
+  // How step `global_step`'s global batch is split, computed once per use site: rank r's rows
+  // are [batch.begin + offsets[r], batch.begin + offsets[r + 1]) (the schedule's split for
+  // rows, near-equal or --balance-weighted tokens for documents); every rank can compute every
+  // rank's, since the lengths and the shares are known everywhere.
+  struct StepSplit {
+    data::RowRange batch;
+    std::vector<std::int64_t> offsets;  // [world + 1], into the batch
+    std::vector<std::int64_t> rows;     // each rank's rows (documents)
+    std::vector<std::int64_t> tokens;   // document data: each rank's tokens; empty for rows
+    // Document data: rank r's documents' lengths, in batch order.
+    std::vector<std::int64_t> lengths(const Trainer::State& s, int r) const;
+  };
+  StepSplit split_of(std::int64_t global_step) const;
   StepOutcome attempt(const data::Batch& slab, std::int64_t m);
   void after_out_of_memory(const StepOutcome& outcome);
   void rebalance(const std::vector<std::int64_t>& step_shares,
