@@ -25,7 +25,7 @@ struct Documents {
   Target target = Target::kNextToken;
   bool lengths_input = false;  // --inputs tokens,lengths: the lengths [m] as a second input
   std::int64_t ignore_index = -100;
-  std::string input_name = "tokens", target_name = "next token";
+  std::string target_name = "next token";  // the target field's name in a micro-batch
   std::int64_t count() const noexcept { return static_cast<std::int64_t>(offsets.size()) - 1; }
   std::int64_t length(std::int64_t i) const {
     return offsets[static_cast<std::size_t>(i) + 1] - offsets[static_cast<std::size_t>(i)];
