@@ -13,6 +13,7 @@
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/memory_model.hpp"
 #include "commands.hpp"
 
 namespace po = boost::program_options;
@@ -167,6 +168,39 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   if (!accumulation.empty()) out << " (accumulation " << integer(accumulation.back()) << ")";
   out << " after " << step.size() << " logged step(s)\n";
 
+  // The memory model's prediction per rank (schema 7, --micro-batch-search predict).
+  const auto model_rank = values(log, "memory_model", "rank");
+  if (!model_rank.empty()) {
+    const auto fixed = values(log, "memory_model", "fixed_bytes");
+    const auto per_unit = values(log, "memory_model", "bytes_per_unit");
+    const auto per_square = values(log, "memory_model", "bytes_per_square");
+    const auto predicted = values(log, "memory_model", "predicted");
+    const auto used = values(log, "memory_model", "micro_batch");
+    const auto margin = values(log, "memory_model", "margin");
+    const auto attempts = values(log, "memory_model", "probe_attempts");
+    const auto probe_seconds = values(log, "memory_model", "probe_seconds");
+    const std::string unit = tokens ? "token" : "row";
+    out << "\nMemory model (probed in " << integer(attempts.front()) << " attempts, "
+        << number(probe_seconds.front(), "%.2f") << " s; "
+        << number(100 * margin.front(), "%.0f") << "% of the room kept free):\n";
+    for (std::size_t i = 0; i < model_rank.size(); ++i) {
+      const auto ran_out = std::count(oom_rank.begin(), oom_rank.end(), model_rank[i]);
+      out << "  rank " << integer(model_rank[i]) << ": ";
+      if (fixed[i] >= 0) {
+        out << "predicted " << integer(predicted[i]) << " " << unit << "s ("
+            << train::MemoryModel::describe(
+                   train::MemoryFit{fixed[i], per_unit[i], std::max(per_square[i], 0.0)}, unit)
+            << ")";
+      } else {
+        out << "no prediction (one size measured)";
+      }
+      out << ", used " << integer(used[i]) << ", "
+          << (ran_out == 0 ? std::string("no out-of-memory")
+                           : std::to_string(ran_out) + " out-of-memory event(s)")
+          << "\n";
+    }
+  }
+
   out << "\nOOM events: " << oom_step.size() << "\n";
   if (!oom_step.empty()) {
     out << "  step   rank  micro_batch  next\n";
@@ -250,7 +284,8 @@ void print_csv(const RunLogData& log, const std::string& group, std::ostream& ou
   const auto it = log.groups.find(group);
   if (it == log.groups.end()) {
     throw UsageError("--csv: '" + group +
-                     "' is not one of steps, oom, eval, ranks, resumes, rank_sizes");
+                     "' is not one of steps, oom, eval, ranks, resumes, rank_sizes, "
+                     "memory_model");
   }
   const auto& columns = it->second;
   for (std::size_t c = 0; c < columns.size(); ++c)
@@ -296,7 +331,7 @@ Command log_command() {
   Command c;
   c.name = "log";
   c.summary = "Summarise run logs: micro-batch sizes chosen and why, OOMs, throughput, evaluation.";
-  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks|resumes|rank_sizes]";
+  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks|resumes|rank_sizes|memory_model]";
   c.options.add_options()("logs",
                           po::value<std::vector<std::string>>()->required()->value_name("RUN.h5"),
                           "run log(s); several give a comparison table")(

@@ -97,9 +97,15 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     }
   }
   const std::string search = vm["micro-batch-search"].as<std::string>();
-  if (search != "halve" && search != "refine")
-    throw UsageError("--micro-batch-search: '" + search + "' is not one of halve, refine");
+  if (search != "predict" && search != "halve" && search != "refine")
+    throw UsageError("--micro-batch-search: '" + search +
+                     "' is not one of predict, halve, refine");
+  o.predict_micro_batch = search == "predict";
   o.refine_micro_batch = search == "refine";
+  o.memory_margin = vm["memory-margin"].as<double>();
+  if (!(o.memory_margin >= 0 && o.memory_margin < 1))
+    throw UsageError("--memory-margin must be in [0, 1) (got " + std::to_string(o.memory_margin) +
+                     ")");
   o.steps = vm["steps"].as<std::int64_t>();
   o.epochs = vm["epochs"].as<double>();
   if (o.steps < 0) throw UsageError("--steps must not be negative");
@@ -239,8 +245,14 @@ Command train_command() {
       "document data: padded tokens (documents x longest) per forward/backward on a rank; "
       "auto (the default there) starts at a rank's whole share and halves on out-of-memory");
   add("micro-batch-search",
-      po::value<std::string>()->default_value("halve")->value_name("halve|refine"),
-      "auto: halve after an OOM; refine: then probe upwards by bisection on later steps");
+      po::value<std::string>()->default_value("predict")->value_name("predict|halve|refine"),
+      "auto: predict measures two small micro-batches before the first step and starts at the "
+      "largest its memory model says fits (halving, then bisecting upwards, if one runs out); "
+      "halve: start at the whole share and halve after each OOM; refine: halve, then bisect "
+      "upwards on later steps");
+  add("memory-margin", po::value<double>()->default_value(0.05, "0.05")->value_name("F"),
+      "--micro-batch-search predict: the fraction of the memory above the model's fixed state "
+      "left unused, for what the model does not foresee (fragmentation, other allocations)");
   add("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"), "optimizer steps");
   add("epochs", po::value<double>()->default_value(0, "0")->value_name("E"),
       "epochs (instead of --steps)");

@@ -79,6 +79,22 @@ const std::vector<Field<RankSizeRow>>& rank_size_fields() {
   return fields;
 }
 
+const std::vector<Field<MemoryModelRow>>& memory_model_fields() {
+  static const std::vector<Field<MemoryModelRow>> fields = {
+      {"step", &MemoryModelRow::step},
+      {"rank", &MemoryModelRow::rank},
+      {"limit_bytes", &MemoryModelRow::limit_bytes},
+      {"fixed_bytes", &MemoryModelRow::fixed_bytes},
+      {"bytes_per_unit", &MemoryModelRow::bytes_per_unit},
+      {"bytes_per_square", &MemoryModelRow::bytes_per_square},
+      {"margin", &MemoryModelRow::margin},
+      {"predicted", &MemoryModelRow::predicted},
+      {"micro_batch", &MemoryModelRow::micro_batch},
+      {"probe_attempts", &MemoryModelRow::probe_attempts},
+      {"probe_seconds", &MemoryModelRow::probe_seconds}};
+  return fields;
+}
+
 struct ColumnSpec {
   std::string name;
   bool integer;
@@ -97,6 +113,7 @@ const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
       {"steps", columns_of(step_fields())},     {"oom", columns_of(oom_fields())},
       {"eval", columns_of(eval_fields())},      {"ranks", {{"rank", true}, {"peak_bytes", true}}},
       {"resumes", columns_of(resume_fields())}, {"rank_sizes", columns_of(rank_size_fields())},
+      {"memory_model", columns_of(memory_model_fields())},
   };
   return all;
 }
@@ -223,6 +240,7 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
   writer.evals_ = rows_of(existing, "eval", eval_fields());
   writer.resumes_ = rows_of(existing, "resumes", resume_fields());
   writer.rank_sizes_ = rows_of(existing, "rank_sizes", rank_size_fields());
+  writer.memory_models_ = rows_of(existing, "memory_model", memory_model_fields());
   // The previous run went on past its last checkpoint; this one computes those steps again.
   const auto later = [&](const auto& row) { return row.step >= resume_step; };
   const auto dropped = std::count_if(writer.steps_.begin(), writer.steps_.end(), later);
@@ -288,6 +306,7 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
     write_group(file, "eval", eval_fields(), evals_);
     write_group(file, "resumes", resume_fields(), resumes_);
     write_group(file, "rank_sizes", rank_size_fields(), rank_sizes_);
+    write_group(file, "memory_model", memory_model_fields(), memory_models_);
     // A rank's node-local rank is its place among the ranks on its host, as MPI's
     // MPI_COMM_TYPE_SHARED split numbers them (by world rank).
     std::vector<std::int64_t> ranks, local_ranks;

@@ -56,6 +56,14 @@ bool MicroBatchPolicy::after_success() {
   return true;
 }
 
+void MicroBatchPolicy::start_at(std::int64_t size, std::int64_t failed) {
+  if (!automatic_) return;
+  current_ = std::max(floor_, std::min(size, per_rank_rows_));
+  fitted_ = 0;
+  probing_ = false;
+  if (failed > current_) failed_ = failed_ > 0 ? std::min(failed_, failed) : failed;
+}
+
 std::int64_t MicroBatchPolicy::accumulation(std::int64_t rows) const noexcept {
   return (rows + current_ - 1) / current_;
 }
@@ -105,6 +113,12 @@ std::vector<int> RankMicroBatches::after_success() {
     if (policies_[r].after_success()) probing.push_back(static_cast<int>(r));
   }
   return probing;
+}
+
+void RankMicroBatches::start_at(const std::vector<std::int64_t>& sizes,
+                                const std::vector<std::int64_t>& failed) {
+  for (std::size_t r = 0; r < policies_.size() && r < sizes.size(); ++r)
+    policies_[r].start_at(sizes[r], r < failed.size() ? failed[r] : 0);
 }
 
 std::string RankMicroBatches::describe() const {

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iomanip>
 #include <iostream>
+
+#include "autoaccum/memory/memory.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -47,6 +50,25 @@ void RunLogObserver::on_oom(const OomEvent& event) {
   for (std::size_t i = 0; i < event.ranks.size(); ++i) {
     writer_.add(io::OomRow{event.step, event.ranks[i], event.micro_batches.at(i),
                            event.next.empty() ? 0 : event.next.at(i)});
+  }
+}
+
+void RunLogObserver::on_prediction(const MemoryPrediction& event) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& r : event.ranks) {
+    io::MemoryModelRow row;
+    row.step = event.step;
+    row.rank = r.rank;
+    row.limit_bytes = r.limit;
+    row.fixed_bytes = r.fitted ? r.fit.fixed : -1.0;
+    row.bytes_per_unit = r.fitted ? r.fit.per_unit : -1.0;
+    row.bytes_per_square = r.fitted ? r.fit.per_square : -1.0;
+    row.margin = event.margin;
+    row.predicted = r.predicted;
+    row.micro_batch = r.used;
+    row.probe_attempts = event.probe_attempts;
+    row.probe_seconds = event.seconds;
+    writer_.add(row);
   }
 }
 
@@ -209,6 +231,32 @@ void ProgressObserver::on_eval(const EvalEvent& event) {
                   static_cast<long long>(event.rows));
   }
   std::cout << line << std::endl;
+}
+
+void ProgressObserver::on_prediction(const MemoryPrediction& event) {
+  // One line per rank up to 4 ranks; beyond, the ranks whose size differs from rank 0's.
+  const std::string units = event.unit + "s";
+  std::int64_t shown = 0;
+  for (const auto& r : event.ranks) {
+    const bool differs = r.used != event.ranks.front().used || r.predicted != event.ranks.front().predicted;
+    if (event.ranks.size() > 4 && r.rank != 0 && !differs) continue;
+    if (++shown > 8) break;
+    std::cout << "memory model: rank " << r.rank << ": ";
+    if (r.fitted) {
+      std::cout << MemoryModel::describe(r.fit, event.unit) << "; predicted " << r.predicted
+                << " " << units << " under "
+                << (r.limit > 0 ? memory::format_bytes(r.limit) : std::string("no limit"))
+                << " (" << std::lround(event.margin * 100) << "% margin)";
+    } else {
+      std::cout << "nothing to extrapolate from (the probes measured one size)";
+    }
+    std::cout << "; starts at " << r.used << " " << units << std::endl;
+  }
+  if (event.ranks.size() > 4)
+    std::cout << "memory model: the other ranks start where rank 0 does" << std::endl;
+  std::cout << "memory model: probed with " << event.probe_attempts << " attempts in "
+            << std::fixed << std::setprecision(2) << event.seconds << " s" << std::endl;
+  std::cout.unsetf(std::ios::floatfield);
 }
 
 void ProgressObserver::on_message(const std::string& line) {

@@ -33,6 +33,8 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
   write_exact(static_cast<double>(report.peak_bytes), control + layout.peak_bytes(rank));
   write_exact(report.loss_sum, control + layout.loss(rank));
   write_exact(report.weight, control + layout.weight(rank));
+  write_exact(report.peak_shape.units, control + layout.shape_units(rank));
+  write_exact(report.peak_shape.square, control + layout.shape_square(rank));
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
   control[layout.abandoned()] = report.abandoned ? 1.0f : 0.0f;
 }
@@ -58,6 +60,8 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
     if (reduced[layout.oom(r)] > 0.5f) outcome.out_of_memory.push_back(r);
     outcome.peak_bytes.push_back(
         static_cast<std::int64_t>(read_exact(reduced + layout.peak_bytes(r))));
+    outcome.peak_shapes.push_back(MicroBatchShape{read_exact(reduced + layout.shape_units(r)),
+                                                  read_exact(reduced + layout.shape_square(r))});
     outcome.phases.push_back(
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
     outcome.compute_seconds.push_back(static_cast<double>(reduced[layout.compute_seconds(r)]));

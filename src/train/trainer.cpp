@@ -69,7 +69,10 @@ void request_stop() noexcept {
 
 // One attempt at the current batch with micro-batch m. Every rank returns the same outcome: it
 // comes from the reduced buffer. A failed attempt leaves buffers and random state as they were.
-StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
+//
+// A probe (probe_memory) runs only the first micro-batch of size m (none when m is 0) and always
+// rolls back: it measures memory and changes nothing.
+StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, bool probe) {
   reduce->zero();
   std::fill(control_values.begin(), control_values.end(), 0.0f);
   // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
@@ -82,12 +85,18 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
   bool out_of_memory = false;
   bool abandoned = false;
   AttemptPhase phase = AttemptPhase::kBuffers;
+  // The memory model's measurement: the micro-batch with the highest peak (each micro-batch's
+  // peak measured alone), or the one that ran out.
+  std::int64_t attempt_peak = 0;
+  MicroBatchShape peak_shape, shape;
   try {
     guard.emplace(*model_state);
     // Lower precision: each weight cast once for all the attempt's micro-batches.
     const CastCacheScope casts(options.precision);
     // Which rows go together: slices of m rows, or documents under a budget of m tokens.
-    const data::MicroBatchPlan cut = data::plan_micro_batches(slab, m);
+    data::MicroBatchPlan cut;
+    if (m > 0) cut = data::plan_micro_batches(slab, m);
+    if (probe && cut.pieces.size() > 1) cut.pieces.resize(1);
     for (const data::MicroBatchPiece& piece : cut.pieces) {
       // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
       // scheduler's grace time; the ranks agree at the collective below to drop the step.
@@ -96,6 +105,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         break;
       }
       const auto micro_start = Clock::now();
+      shape = piece_shape(piece);
+      attempt_peak = std::max(attempt_peak, memory::peak_bytes());
+      memory::reset_peak();
       const data::Batch micro = data::micro_batch(slab, piece);
       std::vector<at::Tensor> inputs;
       const std::size_t input_count = micro.size() - 1;  // the fields: inputs, then the target
@@ -148,6 +160,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
         if (!reduce->gradients_intact()) throw Error("internal: autograd replaced a gradient view");
         checked_views = true;
       }
+      if (memory::peak_bytes() >= attempt_peak) {
+        attempt_peak = memory::peak_bytes();
+        peak_shape = shape;
+      }
     }
     if (!abandoned) {
       phase = AttemptPhase::kBuffers;
@@ -160,12 +176,13 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     out_of_memory = true;
     local_loss = at::Tensor();
     local_weight = at::Tensor();
+    peak_shape = shape;
   }
-  write_report(
-      control, rank,
-      RankReport{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone, memory::peak_bytes(),
-                 stop_requested(), abandoned, seconds_since(compute_start)},
-      control_values.data());
+  RankReport report{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone,
+                    std::max(attempt_peak, memory::peak_bytes()), stop_requested(), abandoned,
+                    seconds_since(compute_start)};
+  report.peak_shape = peak_shape;
+  write_report(control, rank, report, control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
     // On the device, without a host synchronisation: the values' exact float pieces
@@ -198,7 +215,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m) {
     auto& peak = peak_bytes[static_cast<std::size_t>(r)];
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
   }
-  if (outcome.succeeded()) {
+  learn_memory(outcome);
+  if (outcome.succeeded() && !probe) {
     // The mean over what the global batch counted, and the loss scale undone, in one pass.
     const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();
     if (divisor != 1.0) reduce->view(gradient_region).mul_(1.0 / divisor);
@@ -370,6 +388,7 @@ TrainResult Trainer::run_steps() {
     const double waited_before = prefetcher.waited_seconds();
     const data::Batch slab = prefetcher.next();
     const double data_wait = prefetcher.waited_seconds() - waited_before;
+    s.probe_memory(slab);  // before the first step only (--micro-batch-search predict)
 
     // Attempt, reduce, agree; retry smaller after an agreed out-of-memory.
     std::int64_t retries = 0;

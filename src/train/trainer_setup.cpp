@@ -102,6 +102,7 @@ void Trainer::State::setup() {
   dog.set_last_words([this](const std::string& message) { finish("failed", message); });
 
   choose_device();
+  gather_limits();
   // The shards' globs expanded once: the outputs are checked against them, then they are read.
   comm::collectively(comm, [&] {
     data_paths = data::expand_data_paths(options.data);

@@ -23,6 +23,7 @@
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/balance.hpp"
 #include "autoaccum/train/loss_scale.hpp"
+#include "autoaccum/train/memory_model.hpp"
 #include "autoaccum/train/micro_batch.hpp"
 #include "autoaccum/train/model_state.hpp"
 #include "autoaccum/train/objective.hpp"
@@ -62,6 +63,9 @@ struct ThreadChoice {
 };
 
 ThreadChoice choose_threads(int requested, int local_ranks);
+
+// The memory model's view of a micro-batch: rows, or padded tokens and rows x width^2.
+MicroBatchShape piece_shape(const data::MicroBatchPiece& piece);
 
 struct Trainer::State {
   TrainOptions options;
@@ -105,11 +109,25 @@ struct Trainer::State {
   // What --balance's shares of a batch add up to: its rows, or kTokenShares parts of its tokens.
   static constexpr std::int64_t kTokenShares = 1000000;
   std::int64_t share_total() const { return documents() ? kTokenShares : options.global_batch; }
+  // `resumed`: sizes a checkpoint recorded (then no probe: the run continues at them).
   void make_micro_batches(const std::vector<std::int64_t>& resumed) {
+    // --micro-batch-search predict with a limit to predict against: probe before the first
+    // step (a prediction that does not fit then halves, as halve does).
+    predict_pending =
+        options.predict_micro_batch && !fixed_size && limits_known() && resumed.empty();
     micro_batches = std::make_unique<RankMicroBatches>(world, size_cap, fixed_size, resumed,
                                                        options.refine_micro_batch,
                                                        options.micro_batch_per_rank, size_floor);
   }
+  // Memory (trainer_memory.cpp): each rank's limit and memory model, held by every rank and fed
+  // by every attempt's agreed measurements.
+  std::vector<std::int64_t> rank_limits;  // bytes (0: none)
+  std::vector<MemoryModel> memory_models;
+  bool predict_pending = false;  // the probe is still to run before the first step
+  void gather_limits();
+  bool limits_known() const;
+  void learn_memory(const StepOutcome& outcome);
+  void probe_memory(const data::Batch& slab);
   std::unique_ptr<ShareSchedule> shares;  // every rank's rows of each step's batch
   SpeedWindow speed_window;               // --balance: rows and seconds since the last
   double slow_factor = 1.0;               // --inject-slow on this rank
@@ -165,7 +183,7 @@ struct Trainer::State {
     std::vector<std::int64_t> lengths(const Trainer::State& s, int r) const;
   };
   StepSplit split_of(std::int64_t global_step) const;
-  StepOutcome attempt(const data::Batch& slab, std::int64_t m);
+  StepOutcome attempt(const data::Batch& slab, std::int64_t m, bool probe = false);
   void after_out_of_memory(const StepOutcome& outcome);
   void rebalance(const std::vector<std::int64_t>& step_shares,
                  const std::vector<double>& compute_seconds);

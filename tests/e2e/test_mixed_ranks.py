@@ -41,7 +41,7 @@ class MixedRanks(TempDirTest):
         with h5py.File(log, "r") as f:
             ranks, micro = f["rank_sizes/rank"][:], f["rank_sizes/micro_batch"][:]
             world = int(f.attrs["world_size"])
-            self.assertEqual(f.attrs["schema_version"], 6)
+            self.assertEqual(f.attrs["schema_version"], 7)
         return [int(micro[ranks == r][-1]) for r in range(world)]
 
     def assert_equals_pytorch(self, world, log, checkpoint, global_batch, steps):
@@ -53,9 +53,12 @@ class MixedRanks(TempDirTest):
 
     def test_two_ranks_each_halve_to_their_own_limit_and_equal_pytorch(self):
         # 64 rows per rank: rank 0 (300 KiB) halves 64 -> 32 -> 16, rank 1 (600 KiB) only to 32.
+        # (The halving search itself; the default, predict, starts below the limits instead:
+        # test_memory_model.py.)
         r, log, checkpoint = self.train(2, "rank2", "--global-batch", 128, "--steps", 2,
                                         "--memory-limit", f"{SMALL},{MEDIUM}",
-                                        "--micro-batch-scope", "rank")
+                                        "--micro-batch-scope", "rank",
+                                        "--micro-batch-search", "halve")
         self.assertEqual(self.final_sizes(log), [16, 32])
         self.assertIn("the other ranks keep theirs", r.stdout)
         self.assertIn("(limit 300.0 KiB on rank 0); it continues at 16", r.stdout)
@@ -72,7 +75,8 @@ class MixedRanks(TempDirTest):
 
         # The same limits with the default scope: every rank goes down to what rank 0 holds.
         r, log, checkpoint = self.train(2, "global2", "--global-batch", 128, "--steps", 2,
-                                        "--memory-limit", f"{SMALL},{MEDIUM}")
+                                        "--memory-limit", f"{SMALL},{MEDIUM}",
+                                        "--micro-batch-search", "halve")
         self.assertEqual(self.final_sizes(log), [16, 16])
         self.assertIn("all 2 ranks continue at", r.stdout)
         self.assert_equals_pytorch(2, log, checkpoint, 128, 2)
@@ -81,7 +85,8 @@ class MixedRanks(TempDirTest):
         # 42 rows per rank: rank 0 ends at 10 (42 = 4 x 10 + 2), rank 1 at 21, rank 2 keeps 42.
         _, log, checkpoint = self.train(3, "rank3", "--global-batch", 126, "--steps", 2,
                                         "--memory-limit", f"{SMALL},{MEDIUM},{LARGE}",
-                                        "--micro-batch-scope", "rank")
+                                        "--micro-batch-scope", "rank",
+                                        "--micro-batch-search", "halve")
         self.assertEqual(self.final_sizes(log), [10, 21, 42])
         self.assert_equals_pytorch(3, log, checkpoint, 126, 2)
 

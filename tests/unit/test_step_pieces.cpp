@@ -55,6 +55,8 @@ TEST(StepAgreement, NamesTheRanksThatRanOutAndWhere) {
   std::vector<RankReport> reports(4);
   reports[1] = RankReport{true, AttemptPhase::kBackward, 3 << 20, false};
   reports[3] = RankReport{true, AttemptPhase::kForward, 5 << 20, true};
+  reports[1].peak_shape = {4096.0 * 3 + 1, 4096.0 * 4096 * 3};  // tokens past float's 2^24 below
+  reports[2].peak_shape = {16777217.0, 0};
   const auto reduced = reduce(layout, reports, {0.25f, 0.0f, 0.5f, 0.0f});
   const StepOutcome outcome = agree_on_step(layout, reduced.data());
   EXPECT_FALSE(outcome.succeeded());
@@ -62,6 +64,10 @@ TEST(StepAgreement, NamesTheRanksThatRanOutAndWhere) {
   EXPECT_EQ(outcome.ranks_text(), "ranks 1, 3");
   EXPECT_EQ(outcome.phases_text(), " (rank 1 in backward, rank 3 in forward)");
   EXPECT_EQ(outcome.peak_bytes[3], 5 << 20);
+  EXPECT_EQ(outcome.peak_shapes[1].units, 4096.0 * 3 + 1);
+  EXPECT_EQ(outcome.peak_shapes[1].square, 4096.0 * 4096 * 3);
+  EXPECT_EQ(outcome.peak_shapes[2].units, 16777217.0) << "exact past float's 2^24";
+  EXPECT_EQ(outcome.peak_shapes[0].units, 0.0);
   EXPECT_TRUE(outcome.stop);
   EXPECT_FLOAT_EQ(static_cast<float>(outcome.loss_sum), 0.75f);
   EXPECT_FLOAT_EQ(static_cast<float>(outcome.weight), 2.0f);

@@ -13,7 +13,7 @@ namespace autoaccum::io {
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
-inline constexpr std::int64_t kRunLogSchemaVersion = 6;
+inline constexpr std::int64_t kRunLogSchemaVersion = 7;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -55,6 +55,24 @@ struct OomRow {
   std::int64_t rank = 0;
   std::int64_t micro_batch = 0;       // the size that did not fit
   std::int64_t next_micro_batch = 0;  // the size tried next (0: none, the run stopped)
+};
+
+// The memory model at the probe (--micro-batch-search predict): rank `rank` measured fixed +
+// per-unit x size (+ per-square x rows x width^2 for documents) bytes, predicted `predicted`
+// (rows, or tokens for documents) under its limit with `margin` of the room kept, and started at
+// `micro_batch`. Fit columns are -1 when no model could be fitted (one size measured).
+struct MemoryModelRow {
+  std::int64_t step = 0;
+  std::int64_t rank = 0;
+  std::int64_t limit_bytes = 0;
+  double fixed_bytes = 0;
+  double bytes_per_unit = 0;
+  double bytes_per_square = 0;
+  double margin = 0;
+  std::int64_t predicted = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t probe_attempts = 0;
+  double probe_seconds = 0;
 };
 
 struct EvalRow {
@@ -108,6 +126,7 @@ class RunLogWriter {
   void add(const OomRow& row) { ooms_.push_back(row); }
   void add(const EvalRow& row) { evals_.push_back(row); }
   void add(const RankSizeRow& row) { rank_sizes_.push_back(row); }
+  void add(const MemoryModelRow& row) { memory_models_.push_back(row); }
   void set_peak_bytes(std::vector<std::int64_t> per_rank) { peak_bytes_ = std::move(per_rank); }
   void set_final_micro_batch(std::int64_t m) { final_micro_batch_ = m; }
   std::size_t rows() const noexcept { return steps_.size() + ooms_.size() + evals_.size(); }
@@ -130,6 +149,7 @@ class RunLogWriter {
   std::vector<EvalRow> evals_;
   std::vector<ResumeRow> resumes_;
   std::vector<RankSizeRow> rank_sizes_;
+  std::vector<MemoryModelRow> memory_models_;
   std::vector<std::int64_t> peak_bytes_;
   std::int64_t final_micro_batch_ = 0;
 };

@@ -35,6 +35,9 @@ class MicroBatchPolicy {
   // the next step; returns true when it did.
   bool after_success();
   bool probing() const noexcept { return probing_; }  // current() is an untried size
+  // Automatic mode: continue at `size` (a memory model's prediction, kept within the floor and
+  // the per-rank rows); `failed`, when not 0, is a size known not to fit (refine stays below it).
+  void start_at(std::int64_t size, std::int64_t failed = 0);
   // Micro-batches needed for `rows` rows: ceil(rows / current()).
   std::int64_t accumulation(std::int64_t rows) const noexcept;
 
@@ -82,6 +85,8 @@ class RankMicroBatches {
   std::vector<int> after_success();
   // "64" when every rank has the same size, else "64, 32, 64" (rank order).
   std::string describe() const;
+  // Automatic mode: every rank continues at its size in `sizes` (MicroBatchPolicy::start_at).
+  void start_at(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& failed);
 
  private:
   std::vector<MicroBatchPolicy> policies_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autoaccum/io/run_log.hpp"
+#include "autoaccum/train/memory_model.hpp"
 
 namespace autoaccum::train {
 
@@ -27,6 +28,25 @@ struct OomEvent {
   bool tokens = false;             // document data: the sizes are token budgets
   std::int64_t world = 1;
   std::string limit_text;  // "16.0 MiB per rank" | "no --memory-limit"
+};
+
+// The memory probe's outcome (--micro-batch-search predict): every rank's fitted memory model
+// and the micro-batch it starts at; every rank builds the same event.
+struct MemoryPrediction {
+  std::int64_t step = 0;
+  std::string unit = "row";  // "row" or "token" (document budgets)
+  double margin = 0;         // --memory-margin
+  std::int64_t probe_attempts = 0;
+  double seconds = 0;  // the probe's time
+  struct Rank {
+    int rank = 0;
+    std::int64_t limit = 0;      // bytes (0: none)
+    bool fitted = false;         // a model could be fitted
+    MemoryFit fit;               // when fitted
+    std::int64_t predicted = 0;  // its largest size under the limit and margin (-1: none)
+    std::int64_t used = 0;       // the size it starts at (scope global: the smallest)
+  };
+  std::vector<Rank> ranks;
 };
 
 // Every rank's figures at a finished step, indexed by rank.
@@ -62,6 +82,7 @@ class StepObserver {
     (void)ranks;
   }
   virtual void on_eval(const EvalEvent&) {}
+  virtual void on_prediction(const MemoryPrediction&) {}
   // A checkpoint of the state after step `step` (1-based count of finished steps) was written.
   virtual void on_checkpoint(std::int64_t step) { (void)step; }
   virtual void on_message(const std::string&) {}  // notes for the user (probes, resume, skips)
@@ -87,6 +108,7 @@ class RunLogObserver final : public StepObserver {
   void on_oom(const OomEvent& event) override;
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
+  void on_prediction(const MemoryPrediction& event) override;
   void on_checkpoint(std::int64_t step) override;
   void on_finish(const std::string& status, const std::string& message,
                  std::int64_t final_micro_batch) override;
@@ -115,6 +137,7 @@ class ProgressObserver final : public StepObserver {
   void on_oom(const OomEvent& event) override;
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
+  void on_prediction(const MemoryPrediction& event) override;
   void on_message(const std::string& line) override;
 
  private:

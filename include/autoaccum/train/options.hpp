@@ -41,7 +41,11 @@ struct TrainOptions {
   // Document data: --micro-batch-tokens N, padded tokens per micro-batch (nullopt: auto).
   std::optional<std::int64_t> micro_batch_tokens;
   bool micro_batch_tokens_given = false;
-  bool refine_micro_batch = false;  // --micro-batch-search refine
+  bool refine_micro_batch = false;  // --micro-batch-search refine (and predict, after a miss)
+  // --micro-batch-search predict (the default): probe memory before the first step and start at
+  // the largest size the memory model predicts to fit (train/memory_model.hpp).
+  bool predict_micro_batch = true;
+  double memory_margin = 0.05;  // --memory-margin: the share of the room above fixed state kept
   std::int64_t steps = 0;           // 0: from epochs
   double epochs = 0;
   std::string shuffle = "batch";

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "autoaccum/train/memory_model.hpp"
+
 namespace autoaccum::train {
 
 // Where in an attempt a rank was when memory ran out.
@@ -35,7 +37,11 @@ struct ControlLayout {
   std::size_t peak_bytes(int rank) const { return exact(0, rank); }
   std::size_t loss(int rank) const { return exact(1, rank); }
   std::size_t weight(int rank) const { return exact(2, rank); }
-  std::size_t stop() const { return exact(3, 0); }  // signals
+  // The micro-batch the peak belongs to (the one with the highest peak, or the one that ran out):
+  // rows or padded tokens, and rows x width^2 for documents (train/memory_model.hpp).
+  std::size_t shape_units(int rank) const { return exact(3, rank); }
+  std::size_t shape_square(int rank) const { return exact(4, rank); }
+  std::size_t stop() const { return exact(5, 0); }  // signals
   // Ranks that left micro-batches undone because a stop signal came between two of them.
   std::size_t abandoned() const { return stop() + 1; }
   std::int64_t count() const { return static_cast<std::int64_t>(abandoned()) + 1; }
@@ -61,6 +67,7 @@ struct RankReport {
   // the slots without a host synchronisation, see Trainer).
   double loss_sum = 0;
   double weight = 0;
+  MicroBatchShape peak_shape{};  // the micro-batch of the peak, or the one that ran out
 };
 // Writes `report` into this rank's slots of a zeroed host control array.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
@@ -68,6 +75,7 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
 struct StepOutcome {
   std::vector<int> out_of_memory;        // ranks that ran out of memory, ascending
   std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
+  std::vector<MicroBatchShape> peak_shapes;  // per rank: the micro-batch of its peak (or OOM)
   std::vector<AttemptPhase> phases;      // per rank: where it ran out (kNone: it did not)
   std::vector<double> compute_seconds;   // per rank: its time computing, before the collective
   bool stop = false;                     // some rank received a stop signal

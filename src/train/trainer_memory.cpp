@@ -1,0 +1,185 @@
+// Trainer's memory concern: every rank's limit, the memory models fed by every attempt, and the
+// probe that predicts the first micro-batch (--micro-batch-search predict; docs/design.md).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/memory_model.hpp"
+
+#include "trainer_state.hpp"
+
+namespace autoaccum::train {
+
+MicroBatchShape piece_shape(const data::MicroBatchPiece& piece) {
+  const auto units = static_cast<double>(piece.size());
+  return MicroBatchShape{units, piece.width > 0 ? units * static_cast<double>(piece.width) : 0.0};
+}
+
+// Each rank's limit, known on every rank: its --memory-limit item on the CPU; on a GPU the limit
+// given, or else the device's memory.
+void Trainer::State::gather_limits() {
+  std::int64_t mine = options.memory_limit;
+  if (context.use_cuda && mine <= 0) mine = memory::cuda_total_bytes(context.device.index());
+  rank_limits.assign(static_cast<std::size_t>(world), 0);
+  comm.allgather(&mine, sizeof(mine), rank_limits.data());
+  memory_models.assign(static_cast<std::size_t>(world), MemoryModel{});
+}
+
+bool Trainer::State::limits_known() const {
+  return std::any_of(rank_limits.begin(), rank_limits.end(), [](std::int64_t l) { return l > 0; });
+}
+
+void Trainer::State::learn_memory(const StepOutcome& outcome) {
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    MemoryModel& memory = memory_models[i];
+    const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
+                                   r) != outcome.out_of_memory.end();
+    if (ran_out)
+      memory.ran_out(outcome.peak_shapes[i]);
+    else if (!outcome.abandoned)
+      memory.observe(outcome.peak_shapes[i], outcome.peak_bytes[i]);
+  }
+}
+
+// Two real micro-batches per rank before the first step, a small one and one twice its size
+// (each the first micro-batch of the rank's share of the first batch at that size, rolled back),
+// then every rank starts at the largest size its memory model predicts to fit. A size that runs
+// out while probing halves the probe; a second size that does not fit bounds the prediction and
+// the probe takes a smaller second point instead. Every decision comes from the agreed outcomes:
+// the same on every rank, with no collective besides each attempt's own.
+void Trainer::State::probe_memory(const data::Batch& slab) {
+  if (!predict_pending) return;
+  predict_pending = false;
+  const auto start = Clock::now();
+  const std::string unit = documents() ? "token" : "row";
+  // Rows: at least 2, since BatchNorm cannot train on one row. Documents: the longest document.
+  const std::int64_t low = documents() ? size_floor : std::min<std::int64_t>(2, size_cap);
+  struct Probe {
+    std::int64_t small = 0, large = 0;
+    int stage = 0;  // 0: small untried, 1: large untried, 2: the smaller second point, 3: done
+    std::int64_t failed = 0;  // the smallest probe size that ran out
+    std::int64_t fitted = 0;  // the largest probe size that fitted
+  };
+  std::vector<Probe> probes(static_cast<std::size_t>(world));
+  for (auto& p : probes) {
+    p.small = std::max(low, size_cap / 8);
+    p.large = std::min(size_cap, 2 * p.small);
+  }
+  const auto size_of = [](const Probe& p) {
+    return p.stage == 0 ? p.small : p.stage == 1 ? p.large : p.stage == 2 ? p.small / 2 : 0;
+  };
+  std::int64_t attempts = 0;
+  std::vector<int> nothing_fits;  // ranks whose smallest probe ran out
+  for (;;) {
+    if (std::all_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage == 3; }))
+      break;
+    const StepOutcome outcome =
+        attempt(slab, size_of(probes[static_cast<std::size_t>(rank)]), /*probe=*/true);
+    ++attempts;
+    if (outcome.abandoned || outcome.stop) {
+      // A stop signal while probing: start without a prediction; the step loop stops.
+      break;
+    }
+    for (int r = 0; r < world; ++r) {
+      Probe& p = probes[static_cast<std::size_t>(r)];
+      if (p.stage == 3) continue;
+      const std::int64_t tried = size_of(p);
+      const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
+                                     r) != outcome.out_of_memory.end();
+      if (ran_out) p.failed = p.failed > 0 ? std::min(p.failed, tried) : tried;
+      if (!ran_out) p.fitted = std::max(p.fitted, tried);
+      if (p.stage == 0 && ran_out) {
+        if (p.small <= low) {
+          nothing_fits.push_back(r);
+          continue;
+        }
+        p.small = std::max(low, p.small / 2);
+        p.large = std::min(size_cap, 2 * p.small);
+      } else if (p.stage == 0) {
+        p.stage = p.large > p.small ? 1 : 3;
+      } else if (p.stage == 1) {
+        // A second point below the first when the larger one did not fit.
+        p.stage = ran_out && p.small / 2 >= low && p.small / 2 < p.small ? 2 : 3;
+      } else {
+        p.stage = 3;
+      }
+    }
+    if (!nothing_fits.empty()) {
+      // The smallest probe ran out: the state the model keeps whatever the micro-batch leaves
+      // no room. One line, before halving to sizes that cannot help.
+      std::int64_t peak = 0;
+      for (int r : nothing_fits)
+        peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
+      StepOutcome which;
+      which.out_of_memory = nothing_fits;
+      std::ostringstream message;
+      message << which.ranks_text() << " ran out of memory on a micro-batch of " << low << " "
+              << unit << (low == 1 ? "" : "s")
+              << " while probing memory before the first step ("
+              << limit_text(options.memory_limits.empty() ? std::vector<int>{} : nothing_fits)
+              << ", peak " << memory::format_bytes(peak)
+              << "): the model's parameters, gradients and optimizer state leave no room for "
+                 "its activations; raise --memory-limit, use more memory per rank or a smaller "
+                 "model"
+              << (options.optimizer == "adamw" ? ", or --optimizer sgd (no moment buffers)" : "");
+      fail_run(message.str(), ExitCode::kOutOfMemory);
+    }
+  }
+
+  // The prediction per rank; a rank with nothing to predict from keeps its whole share (or the
+  // largest probe that fitted, when one ran out).
+  std::vector<std::int64_t> sizes, failed;
+  MemoryPrediction event;
+  event.step = step;
+  event.unit = unit;
+  event.margin = options.memory_margin;
+  event.probe_attempts = attempts;
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    const Probe& p = probes[i];
+    const double width = documents() ? static_cast<double>(size_floor) : 0.0;
+    const auto predicted =
+        memory_models[i].largest(rank_limits[i], options.memory_margin, size_cap, width);
+    std::int64_t size = predicted ? *predicted : p.failed > 0 ? p.fitted : size_cap;
+    // A size the probe measured is kept even when the margin says less.
+    if (predicted) size = std::max(*predicted, p.fitted);
+    MemoryPrediction::Rank line;
+    line.rank = r;
+    line.limit = rank_limits[i];
+    line.predicted = predicted ? *predicted : -1;
+    line.fitted = predicted.has_value();
+    if (const auto fit = memory_models[i].fit()) line.fit = *fit;
+    size = std::max(size, size_floor);
+    if (!documents() && size < size_cap) {
+      // As many micro-batches as the prediction needs, evened out: the same accumulation with
+      // smaller micro-batches (256 rows at 215 run as 2 x 128), so more room to spare.
+      const std::int64_t count = (size_cap + size - 1) / size;
+      size = (size_cap + count - 1) / count;
+    }
+    sizes.push_back(size);
+    failed.push_back(p.failed);
+    event.ranks.push_back(line);
+  }
+  if (!micro_batches->per_rank()) {
+    // Scope global: one size for every rank, the smallest prediction.
+    const std::int64_t smallest = *std::min_element(sizes.begin(), sizes.end());
+    sizes.assign(sizes.size(), smallest);
+    std::int64_t bound = 0;
+    for (std::int64_t f : failed)
+      if (f > 0) bound = bound > 0 ? std::min(bound, f) : f;
+    failed.assign(failed.size(), bound);
+  }
+  micro_batches->start_at(sizes, failed);
+  for (auto& line : event.ranks)
+    line.used = micro_batches->current(line.rank);
+  event.seconds = seconds_since(start);
+  memory::release_cached_memory();
+  notify([&](StepObserver& o) { o.on_prediction(event); });
+}
+
+}  // namespace autoaccum::train

@@ -1,0 +1,164 @@
+"""Predicting what fits (--micro-batch-search predict, the default): the probe's prediction
+against the largest micro-batch found by bisection with fixed runs under the same limit; the
+probe leaves no trace (the trained model equals PyTorch's computation with the sizes the run
+log records); per-rank limits predict per-rank sizes; a prediction that does not fit falls back
+to halving on every rank; a limit that nothing fits under ends with exit 3 and one line."""
+import unittest
+
+import h5py
+import numpy as np
+
+import user_models as um
+from harness import TempDirTest, autoaccum, text
+
+# ConvBnDropout(width=16) on 1x8x8 images takes about 32 KiB + 16 KiB per row of a micro-batch.
+LIMIT = "1MiB"
+
+
+class MemoryModel(TempDirTest):
+    prefix = "autoaccum-memory-model-"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.x, cls.y = um.classification_data(512, (1, 8, 8), 4, seed=11)
+        cls.data = um.write_data(cls.path("images.h5"), cls.x, cls.y, classes=4)
+        # BatchNorm (statistics per micro-batch) and no dropout, so PyTorch can follow exactly.
+        cls.model = um.save_scripted(um.ConvBnDropout(dropout=0.0, width=16),
+                                     cls.path("cbn.pt"))
+
+    def train(self, ranks, name, *args, expect=0):
+        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        r = autoaccum(ranks, "train", "--data", self.data, "--model-file", self.model,
+                      "--threads", 1, "--shuffle", "none", "--lr", 0.1, "--momentum", 0,
+                      "--run-log", log, "--checkpoint", checkpoint, *args, timeout=120)
+        self.assertEqual(r.returncode, expect, r)
+        return r, log, checkpoint
+
+    def fits(self, ranks, global_batch, size, limit):
+        """Whether a fixed micro-batch of `size` trains a step under `limit` (a fixed size that
+        runs out of memory ends the run with exit 3)."""
+        r = autoaccum(ranks, "train", "--data", self.data, "--model-file", self.model,
+                      "--threads", 1, "--shuffle", "none", "--global-batch", global_batch,
+                      "--steps", 1, "--memory-limit", limit, "--micro-batch", size, timeout=120)
+        self.assertIn(r.returncode, (0, 3), r)
+        return r.returncode == 0
+
+    def largest_by_bisection(self, ranks, global_batch, limit):
+        low, high = 1, global_batch // ranks  # low fits (checked), high + 1 does not (or is past)
+        self.assertTrue(self.fits(ranks, global_batch, low, limit))
+        if self.fits(ranks, global_batch, high, limit):
+            return high
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.fits(ranks, global_batch, middle, limit):
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def memory_rows(self, log):
+        with h5py.File(log, "r") as f:
+            self.assertGreaterEqual(int(f.attrs["schema_version"]), 7)
+            g = {c: f[f"memory_model/{c}"][:] for c in f["memory_model"]}
+            ooms = len(f["oom/step"])
+        return g, ooms
+
+    def assert_equals_pytorch(self, world, log, checkpoint, global_batch, steps):
+        size_of, parts, _ = um.rank_sizes(log)
+        reference = um.reference_steps(self.model, self.x, self.y, world=world,
+                                       micro_batch=size_of, global_batch=global_batch,
+                                       steps=steps, lr=0.1, parts=parts)
+        um.assert_close_to_model(self, checkpoint, reference)
+
+    def test_prediction_is_close_below_the_largest_that_fits_and_leaves_no_trace(self):
+        truth = self.largest_by_bisection(2, 256, LIMIT)
+        r, log, checkpoint = self.train(2, "predict", "--global-batch", 256, "--steps", 3,
+                                        "--memory-limit", LIMIT)
+        g, ooms = self.memory_rows(log)
+        self.assertEqual(ooms, 0, r.stdout)
+        self.assertEqual(sorted(g["rank"]), [0, 1])
+        for i in range(2):
+            predicted = int(g["predicted"][i])
+            # Never above what fits; within the 5% margin (and a row) of it.
+            self.assertLessEqual(predicted, truth, (predicted, truth))
+            self.assertGreaterEqual(predicted, int(0.93 * truth), (predicted, truth))
+            self.assertLessEqual(int(g["micro_batch"][i]), predicted)
+            self.assertGreater(g["fixed_bytes"][i], 0)
+            self.assertGreater(g["bytes_per_unit"][i], 0)
+            self.assertEqual(int(g["limit_bytes"][i]), 1 << 20)
+        self.assertIn("memory model: rank 0: fixed", r.stdout)
+        self.assertIn("/row; predicted", r.stdout)
+        # The probe's micro-batches changed nothing: BatchNorm statistics, weights and the data
+        # order are those of PyTorch walking the micro-batches the run log records.
+        self.assert_equals_pytorch(2, log, checkpoint, 256, 3)
+        summary = autoaccum(1, "log", log)
+        self.assertEqual(summary.returncode, 0, summary)
+        self.assertRegex(summary.stdout,
+                         r"rank 0: predicted \d+ rows \(fixed [0-9.]+ [KM]iB \+ [0-9.]+ KiB/row\), "
+                         r"used \d+, no out-of-memory")
+
+    def test_per_rank_limits_predict_per_rank_sizes(self):
+        r, log, checkpoint = self.train(2, "perrank", "--global-batch", 256, "--steps", 2,
+                                        "--memory-limit", "600KiB,1MiB",
+                                        "--micro-batch-scope", "rank")
+        g, ooms = self.memory_rows(log)
+        self.assertEqual(ooms, 0, r.stdout)
+        order = np.argsort(g["rank"])
+        predicted = [int(v) for v in g["predicted"][order]]
+        used = [int(v) for v in g["micro_batch"][order]]
+        self.assertLess(predicted[0], predicted[1])
+        self.assertLess(used[0], used[1])
+        self.assertEqual([int(v) for v in g["limit_bytes"][order]], [600 << 10, 1 << 20])
+        self.assert_equals_pytorch(2, log, checkpoint, 256, 2)
+        # Scope global: every rank starts at the smaller prediction.
+        r, log, checkpoint = self.train(2, "global", "--global-batch", 256, "--steps", 2,
+                                        "--memory-limit", "600KiB,1MiB")
+        g, ooms = self.memory_rows(log)
+        self.assertEqual(ooms, 0, r.stdout)
+        self.assertEqual(len(set(int(v) for v in g["micro_batch"])), 1)
+        self.assertEqual(int(g["micro_batch"][0]), used[0])
+
+    def test_a_prediction_that_does_not_fit_halves_on_every_rank(self):
+        # Rank 1 runs out above 20 rows whatever the model predicts: the prediction fails once,
+        # every rank halves, and the result is still PyTorch's.
+        r, log, checkpoint = self.train(2, "miss", "--global-batch", 256, "--steps", 2,
+                                        "--memory-limit", LIMIT, "--inject-oom",
+                                        "rank=1,above=20")
+        g, _ = self.memory_rows(log)
+        start = int(g["micro_batch"][0])
+        self.assertGreater(start, 20)
+        with h5py.File(log, "r") as f:
+            oom = list(zip(f["oom/rank"][:], f["oom/micro_batch"][:], f["oom/next_micro_batch"][:]))
+        self.assertEqual(oom[0], (1, start, start // 2))
+        self.assertIn(f"rank 1 ran out of memory at micro-batch {start}", r.stdout)
+        size_of, _, _ = um.rank_sizes(log)
+        self.assertEqual(size_of(1, 0), size_of(1, 1))
+        self.assertLessEqual(size_of(1, 1), 20)
+        self.assert_equals_pytorch(2, log, checkpoint, 256, 2)
+
+    def test_a_limit_nothing_fits_under_is_one_line_and_exit_3(self):
+        for ranks in (1, 2):
+            with self.subTest(ranks=ranks):
+                r, log, _ = self.train(ranks, f"none{ranks}", "--global-batch", 64, "--steps", 2,
+                                       "--memory-limit", "40KiB", expect=3)
+                errors = um.error_lines(r)
+                self.assertEqual(len(errors), 1, r)
+                self.assertIn("while probing memory before the first step", errors[0])
+                self.assertIn("(40.0 KiB per rank, peak", errors[0])
+                self.assertIn("ran out of memory on a micro-batch of 2 rows", errors[0])
+                self.assertNotIn("Traceback", r.stderr)
+                with h5py.File(log, "r") as f:
+                    self.assertEqual(text(f.attrs["status"]), "failed")
+
+    def test_halve_keeps_the_old_search(self):
+        r, log, _ = self.train(2, "halve", "--global-batch", 256, "--steps", 2,
+                               "--memory-limit", LIMIT, "--micro-batch-search", "halve")
+        self.assertNotIn("memory model", r.stdout)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(len(f["memory_model/step"]), 0)
+            self.assertEqual(int(f["oom/micro_batch"][0]), 128)
+
+
+if __name__ == "__main__":
+    unittest.main()
