@@ -181,8 +181,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     const auto probe_seconds = values(log, "memory_model", "probe_seconds");
     const std::string unit = tokens ? "token" : "row";
     out << "\nMemory model (probed in " << integer(attempts.front()) << " attempts, "
-        << number(probe_seconds.front(), "%.2f") << " s; "
-        << number(100 * margin.front(), "%.0f") << "% of the room kept free):\n";
+        << number(probe_seconds.front(), "%.2f") << " s; " << number(100 * margin.front(), "%.0f")
+        << "% of the room kept free):\n";
     for (std::size_t i = 0; i < model_rank.size(); ++i) {
       const auto ran_out = std::count(oom_rank.begin(), oom_rank.end(), model_rank[i]);
       out << "  rank " << integer(model_rank[i]) << ": ";
@@ -331,7 +331,9 @@ Command log_command() {
   Command c;
   c.name = "log";
   c.summary = "Summarise run logs: micro-batch sizes chosen and why, OOMs, throughput, evaluation.";
-  c.usage = "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv steps|oom|eval|ranks|resumes|rank_sizes|memory_model]";
+  c.usage =
+      "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv "
+      "steps|oom|eval|ranks|resumes|rank_sizes|memory_model]";
   c.options.add_options()("logs",
                           po::value<std::vector<std::string>>()->required()->value_name("RUN.h5"),
                           "run log(s); several give a comparison table")(

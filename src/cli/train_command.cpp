@@ -98,8 +98,7 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   }
   const std::string search = vm["micro-batch-search"].as<std::string>();
   if (search != "predict" && search != "halve" && search != "refine")
-    throw UsageError("--micro-batch-search: '" + search +
-                     "' is not one of predict, halve, refine");
+    throw UsageError("--micro-batch-search: '" + search + "' is not one of predict, halve, refine");
   o.predict_micro_batch = search == "predict";
   o.refine_micro_batch = search == "refine";
   o.memory_margin = vm["memory-margin"].as<double>();
@@ -192,6 +191,12 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
   o.resume = vm["resume"].as<bool>();
+  o.dry_run = vm["dry-run"].as<bool>();
+  if (o.dry_run && o.resume) throw UsageError("--dry-run trains nothing: drop --resume");
+  if (o.dry_run) {
+    o.run_log.clear();  // nothing is written: a dry run never takes or changes the outputs
+    o.checkpoint.clear();
+  }
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint FILE");
   o.eval_every = vm["eval-every"].as<std::int64_t>();
   o.log_every = vm["log-every"].as<std::int64_t>();
@@ -313,6 +318,10 @@ Command train_command() {
   add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");
   add("checkpoint-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "write a checkpoint every N steps (and always at the end)");
+  add("dry-run", po::bool_switch()->default_value(false),
+      "set up, measure two micro-batches per rank and print the micro-batch each rank is "
+      "predicted to hold under its memory limit and the largest global batch without "
+      "accumulation; then exit without training or writing --run-log / --checkpoint");
   add("resume", po::bool_switch()->default_value(false),
       "continue from --checkpoint if it exists. --global-batch, --shuffle, --seed (with "
       "--shuffle batch) and the data must be the checkpoint's (else refused: the rows read "

@@ -110,9 +110,12 @@ std::vector<ColumnSpec> columns_of(const std::vector<Field<Row>>& fields) {
 
 const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
   static const std::vector<std::pair<std::string, std::vector<ColumnSpec>>> all = {
-      {"steps", columns_of(step_fields())},     {"oom", columns_of(oom_fields())},
-      {"eval", columns_of(eval_fields())},      {"ranks", {{"rank", true}, {"peak_bytes", true}}},
-      {"resumes", columns_of(resume_fields())}, {"rank_sizes", columns_of(rank_size_fields())},
+      {"steps", columns_of(step_fields())},
+      {"oom", columns_of(oom_fields())},
+      {"eval", columns_of(eval_fields())},
+      {"ranks", {{"rank", true}, {"peak_bytes", true}}},
+      {"resumes", columns_of(resume_fields())},
+      {"rank_sizes", columns_of(rank_size_fields())},
       {"memory_model", columns_of(memory_model_fields())},
   };
   return all;

@@ -238,15 +238,16 @@ void ProgressObserver::on_prediction(const MemoryPrediction& event) {
   const std::string units = event.unit + "s";
   std::int64_t shown = 0;
   for (const auto& r : event.ranks) {
-    const bool differs = r.used != event.ranks.front().used || r.predicted != event.ranks.front().predicted;
+    const bool differs =
+        r.used != event.ranks.front().used || r.predicted != event.ranks.front().predicted;
     if (event.ranks.size() > 4 && r.rank != 0 && !differs) continue;
     if (++shown > 8) break;
     std::cout << "memory model: rank " << r.rank << ": ";
     if (r.fitted) {
-      std::cout << MemoryModel::describe(r.fit, event.unit) << "; predicted " << r.predicted
-                << " " << units << " under "
-                << (r.limit > 0 ? memory::format_bytes(r.limit) : std::string("no limit"))
-                << " (" << std::lround(event.margin * 100) << "% margin)";
+      std::cout << MemoryModel::describe(r.fit, event.unit) << "; predicted " << r.predicted << " "
+                << units << " under "
+                << (r.limit > 0 ? memory::format_bytes(r.limit) : std::string("no limit")) << " ("
+                << std::lround(event.margin * 100) << "% margin)";
     } else {
       std::cout << "nothing to extrapolate from (the probes measured one size)";
     }
@@ -254,8 +255,8 @@ void ProgressObserver::on_prediction(const MemoryPrediction& event) {
   }
   if (event.ranks.size() > 4)
     std::cout << "memory model: the other ranks start where rank 0 does" << std::endl;
-  std::cout << "memory model: probed with " << event.probe_attempts << " attempts in "
-            << std::fixed << std::setprecision(2) << event.seconds << " s" << std::endl;
+  std::cout << "memory model: probed with " << event.probe_attempts << " attempts in " << std::fixed
+            << std::setprecision(2) << event.seconds << " s" << std::endl;
   std::cout.unsetf(std::ios::floatfield);
 }
 

@@ -178,8 +178,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     local_weight = at::Tensor();
     peak_shape = shape;
   }
-  RankReport report{out_of_memory, out_of_memory ? phase : AttemptPhase::kNone,
-                    std::max(attempt_peak, memory::peak_bytes()), stop_requested(), abandoned,
+  RankReport report{out_of_memory,
+                    out_of_memory ? phase : AttemptPhase::kNone,
+                    std::max(attempt_peak, memory::peak_bytes()),
+                    stop_requested(),
+                    abandoned,
                     seconds_since(compute_start)};
   report.peak_shape = peak_shape;
   write_report(control, rank, report, control_values.data());
@@ -389,6 +392,12 @@ TrainResult Trainer::run_steps() {
     const data::Batch slab = prefetcher.next();
     const double data_wait = prefetcher.waited_seconds() - waited_before;
     s.probe_memory(slab);  // before the first step only (--micro-batch-search predict)
+    if (o.dry_run) {
+      s.report_dry_run();
+      s.result.steps_done = 0;
+      s.finished.store(true);
+      return s.result;
+    }
 
     // Attempt, reduce, agree; retry smaller after an agreed out-of-memory.
     std::int64_t retries = 0;

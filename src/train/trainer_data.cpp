@@ -148,6 +148,7 @@ void Trainer::State::open_data() {
         o.steps > 0
             ? o.steps
             : static_cast<std::int64_t>(o.epochs * static_cast<double>(plan->batches_per_epoch()));
+    if (o.dry_run) total_steps = std::max<std::int64_t>(total_steps, 1);
     if (total_steps < 1)
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
     shares = std::make_unique<ShareSchedule>(

@@ -37,8 +37,8 @@ void Trainer::State::learn_memory(const StepOutcome& outcome) {
   for (int r = 0; r < world; ++r) {
     const auto i = static_cast<std::size_t>(r);
     MemoryModel& memory = memory_models[i];
-    const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
-                                   r) != outcome.out_of_memory.end();
+    const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(), r) !=
+                         outcome.out_of_memory.end();
     if (ran_out)
       memory.ran_out(outcome.peak_shapes[i]);
     else if (!outcome.abandoned)
@@ -119,8 +119,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
       which.out_of_memory = nothing_fits;
       std::ostringstream message;
       message << which.ranks_text() << " ran out of memory on a micro-batch of " << low << " "
-              << unit << (low == 1 ? "" : "s")
-              << " while probing memory before the first step ("
+              << unit << (low == 1 ? "" : "s") << " while probing memory before the first step ("
               << limit_text(options.memory_limits.empty() ? std::vector<int>{} : nothing_fits)
               << ", peak " << memory::format_bytes(peak)
               << "): the model's parameters, gradients and optimizer state leave no room for "
@@ -179,7 +178,50 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
     line.used = micro_batches->current(line.rank);
   event.seconds = seconds_since(start);
   memory::release_cached_memory();
+  prediction = event;
   notify([&](StepObserver& o) { o.on_prediction(event); });
+}
+
+// --dry-run: after the probe, what the user asked for: the largest global batch that runs
+// without accumulation, and how this --global-batch would run.
+void Trainer::State::report_dry_run() {
+  const std::string units = documents() ? "tokens" : "rows";
+  if (!prediction) {
+    say("dry run: nothing to predict against (no --memory-limit, and not on a GPU): every rank "
+        "would start at its whole share, " +
+        std::to_string(size_cap) + " " + units + ", and halve if it ran out of memory");
+    return;
+  }
+  std::int64_t total = 0;
+  std::vector<std::int64_t> each;
+  bool capped = false;
+  for (const auto& r : prediction->ranks) {
+    // Without a model (one size measured) the share that was measured is what is known to fit.
+    const std::int64_t fits = r.predicted >= 0 ? r.predicted : size_cap;
+    capped = capped || fits >= size_cap;
+    each.push_back(fits);
+  }
+  if (!micro_batches->per_rank() && !fixed_size) {
+    const std::int64_t smallest = *std::min_element(each.begin(), each.end());
+    each.assign(each.size(), smallest);
+  }
+  for (std::int64_t m : each)
+    total += m;
+  std::ostringstream line;
+  line << "dry run: the largest global batch without accumulation is about " << total << " "
+       << units << " (" << sizes_text(each) << " per rank"
+       << (capped ? "; a rank's figure is capped at its share of this --global-batch, so it may "
+                    "hold more"
+                  : "")
+       << ")";
+  say(line.str());
+  if (!documents()) {
+    std::ostringstream plan_line;
+    plan_line << "dry run: --global-batch " << options.global_batch
+              << " would start at micro-batch " << micro_batches->describe() << " (accumulation "
+              << micro_batches->accumulation(0, size_cap) << " on rank 0)";
+    say(plan_line.str());
+  }
 }
 
 }  // namespace autoaccum::train

@@ -113,8 +113,9 @@ struct Trainer::State {
   void make_micro_batches(const std::vector<std::int64_t>& resumed) {
     // --micro-batch-search predict with a limit to predict against: probe before the first
     // step (a prediction that does not fit then halves, as halve does).
-    predict_pending =
-        options.predict_micro_batch && !fixed_size && limits_known() && resumed.empty();
+    // --dry-run probes whenever it can: what fits is all it reports.
+    predict_pending = ((options.predict_micro_batch && !fixed_size) || options.dry_run) &&
+                      limits_known() && resumed.empty();
     micro_batches = std::make_unique<RankMicroBatches>(world, size_cap, fixed_size, resumed,
                                                        options.refine_micro_batch,
                                                        options.micro_batch_per_rank, size_floor);
@@ -128,6 +129,8 @@ struct Trainer::State {
   bool limits_known() const;
   void learn_memory(const StepOutcome& outcome);
   void probe_memory(const data::Batch& slab);
+  std::optional<MemoryPrediction> prediction;  // the probe's, once it ran
+  void report_dry_run();
   std::unique_ptr<ShareSchedule> shares;  // every rank's rows of each step's batch
   SpeedWindow speed_window;               // --balance: rows and seconds since the last
   double slow_factor = 1.0;               // --inject-slow on this rank

@@ -34,6 +34,7 @@ class FashionMnist(unittest.TestCase):
                               "--global-batch", 256, "--epochs", 5, "--lr", 0.05,
                               "--schedule", "cosine", "--warmup-steps", 50, "--memory-limit",
                               "12MiB", "--precision", precision, "--run-log", log,
+                              "--micro-batch-search", "halve",
                               "--log-every", 200, timeout=280)
                 self.assertEqual(r.returncode, 0, r)
                 print(r.stdout[-600:])
@@ -66,6 +67,7 @@ class FashionMnist(unittest.TestCase):
                           test, "--model-file", model, "--global-batch", 256, "--epochs", 4,
                           "--lr", 0.05, "--schedule", "cosine", "--warmup-steps", 50,
                           "--memory-limit", "16MiB", "--threads", 1, "--run-log", log,
+                          "--micro-batch-search", "halve",
                           "--checkpoint", checkpoint, "--log-every", 200, timeout=280)
             self.assertEqual(r.returncode, 0, r)
             print(r.stdout[-700:])

@@ -71,7 +71,7 @@ class LanguageModel(unittest.TestCase):
                       f"{data}/text-val.h5", "--model-file", model, "--global-batch", 64,
                       "--steps", 80, "--optimizer", "adamw", "--lr", 0.005, "--memory-limit",
                       "6MiB", "--threads", 1, "--run-log", log, "--checkpoint", checkpoint,
-                      "--log-every", 20, timeout=240)
+                      "--log-every", 20, "--micro-batch-search", "halve", timeout=240)
         self.assertEqual(r.returncode, 0, r)
         print(r.stdout[-600:])
         self.assertIn("cross-entropy per token over 256 classes", r.stdout)

@@ -3,6 +3,7 @@ against the largest micro-batch found by bisection with fixed runs under the sam
 probe leaves no trace (the trained model equals PyTorch's computation with the sizes the run
 log records); per-rank limits predict per-rank sizes; a prediction that does not fit falls back
 to halving on every rank; a limit that nothing fits under ends with exit 3 and one line."""
+import re
 import unittest
 
 import h5py
@@ -150,6 +151,31 @@ class MemoryModel(TempDirTest):
                 self.assertNotIn("Traceback", r.stderr)
                 with h5py.File(log, "r") as f:
                     self.assertEqual(text(f.attrs["status"]), "failed")
+
+    def test_dry_run_predicts_and_writes_nothing(self):
+        log = self.path("dry.h5")
+        r = autoaccum(2, "train", "--data", self.data, "--model-file", self.model, "--threads", 1,
+                      "--global-batch", 256, "--memory-limit", "600KiB,1MiB",
+                      "--micro-batch-scope", "rank", "--dry-run", "--run-log", log, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertFalse(um.exists(log), "a dry run writes no run log")
+        predicted = [int(v) for v in
+                     re.findall(r"predicted (\d+) rows under", r.stdout)]
+        self.assertEqual(len(predicted), 2, r.stdout)
+        self.assertLess(predicted[0], predicted[1])
+        self.assertIn(f"the largest global batch without accumulation is about {sum(predicted)} "
+                      f"rows ({predicted[0]}, {predicted[1]} per rank)", r.stdout)
+        self.assertNotIn("step 1/", r.stdout)
+        # Without a limit there is nothing to predict against: said, exit 0.
+        r = autoaccum(1, "train", "--data", self.data, "--model-file", self.model, "--threads", 1,
+                      "--global-batch", 64, "--dry-run", timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("dry run: nothing to predict against", r.stdout)
+        r = autoaccum(1, "train", "--data", self.data, "--model-file", self.model,
+                      "--global-batch", 64, "--dry-run", "--resume", "--checkpoint", log,
+                      timeout=60)
+        self.assertEqual(r.returncode, 1, r)
+        self.assertEqual(um.error_lines(r), ["autoaccum: error: --dry-run trains nothing: drop --resume"])
 
     def test_halve_keeps_the_old_search(self):
         r, log, _ = self.train(2, "halve", "--global-batch", 256, "--steps", 2,

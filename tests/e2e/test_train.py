@@ -215,7 +215,8 @@ class RunLogEndToEnd(Run):
     def test_oom_at_micro_batch_one_exits_3_on_every_rank(self):
         log = self.path("fail.h5")
         r = self.train(3, "--global-batch", 60, "--steps", 5, "--inject-oom", "rank=2,above=0",
-                       "--memory-limit", "64MiB", "--run-log", log, timeout=60)
+                       "--memory-limit", "64MiB", "--run-log", log,
+                       "--micro-batch-search", "halve", timeout=60)
         self.assertEqual(r.returncode, 3, r)
         self.assertLess(r.seconds, 30, r)
         errors = [l for l in r.stderr.splitlines() if l.startswith("autoaccum: error:")]

@@ -47,7 +47,8 @@ class UserModels(TempDirTest):
         # 128 rows on 2 ranks: 64 each; the limit holds the forward of 64 rows but not its
         # backward (found by the phase autoaccum reports).
         r = self.train(2, model, self.images, "--global-batch", 128, "--steps", 1, "--lr", 0.1,
-                       "--momentum", 0, "--memory-limit", "500KiB", "--checkpoint", checkpoint)
+                       "--momentum", 0, "--memory-limit", "500KiB", "--checkpoint", checkpoint,
+                       "--micro-batch-search", "halve")
         self.assertEqual(r.returncode, 0, r)
         halvings = re.findall(r"ran out of memory at micro-batch (\d+) in (\w+)", r.stdout)
         self.assertGreaterEqual(len(halvings), 2, r.stdout)
@@ -63,7 +64,8 @@ class UserModels(TempDirTest):
         model = um.save_scripted(um.ConvBnDropout(width=16), self.path("cbnd.pt"))
         auto, fixed = self.path("cbnd-auto.h5"), self.path("cbnd-fixed.h5")
         r = self.train(3, model, self.images, "--global-batch", 96, "--steps", 3,
-                       "--memory-limit", "400KiB", "--checkpoint", auto)
+                       "--memory-limit", "400KiB", "--checkpoint", auto,
+                       "--micro-batch-search", "halve")
         self.assertEqual(r.returncode, 0, r)
         self.assertIn("ran out of memory", r.stdout)
         with h5py.File(auto, "r") as f:

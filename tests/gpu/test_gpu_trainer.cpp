@@ -100,6 +100,7 @@ TEST_F(GpuTrainerTest, ARealCudaOutOfMemoryIsRecoveredByHalving) {
   TrainOptions o = base(batch, 3);
   o.hidden = {4096, 4096};
   o.memory_limit = (full + small) / 2;  // 4096 cannot fit; 256 can
+  o.predict_micro_batch = false;        // the halving search: a real CUDA OOM, recovered
   o.run_log = dir + "/gpu-oom.h5";
   TrainResult r;
   {

@@ -266,6 +266,7 @@ TEST_F(TrainerTest, ARealBudgetSettlesAtTheEdgeOfWhatAFixedRunFits) {
   TrainOptions o = base(batch, 3);
   o.hidden = {256, 256};
   o.memory_limit = limit;
+  o.predict_micro_batch = false;  // the halving search (predict: the end of this test)
   o.run_log = dir + "/budget.h5";
   TrainResult r;
   {
@@ -332,6 +333,23 @@ TEST_F(TrainerTest, ARealBudgetSettlesAtTheEdgeOfWhatAFixedRunFits) {
       probe_failed = probe_failed || step > 0;
     EXPECT_TRUE(refined.final_micro_batch > r.final_micro_batch || probe_failed);
   }
+
+  // The default search, predict: no out-of-memory at all, at least the size halving found, and
+  // a size a fixed run fits.
+  TrainOptions p = base(batch, 3);
+  p.hidden = {256, 256};
+  p.memory_limit = limit;
+  TrainResult predicted;
+  {
+    Trainer t(p, world);
+    predicted = t.run();
+  }
+  memory::install_cpu_budget(0);
+  EXPECT_EQ(predicted.oom_events, 0);
+  EXPECT_GE(predicted.final_micro_batch, r.final_micro_batch);
+  EXPECT_EQ(world.allreduce_max(predicted.final_micro_batch),
+            world.allreduce_min(predicted.final_micro_batch));
+  EXPECT_TRUE(fixed_fits(predicted.final_micro_batch));
 }
 
 TEST_F(TrainerTest, LiveBytesDoNotGrowAcrossTenForcedRetries) {

@@ -45,8 +45,11 @@ struct TrainOptions {
   // --micro-batch-search predict (the default): probe memory before the first step and start at
   // the largest size the memory model predicts to fit (train/memory_model.hpp).
   bool predict_micro_batch = true;
-  double memory_margin = 0.05;  // --memory-margin: the share of the room above fixed state kept
-  std::int64_t steps = 0;           // 0: from epochs
+  double memory_margin = 0.05;
+  // --dry-run: set up, probe memory on the first batch, print what fits, exit (no step, no
+  // output file).
+  bool dry_run = false;    // --memory-margin: the share of the room above fixed state kept
+  std::int64_t steps = 0;  // 0: from epochs
   double epochs = 0;
   std::string shuffle = "batch";
 

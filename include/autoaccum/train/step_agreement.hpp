@@ -73,12 +73,12 @@ struct RankReport {
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
 
 struct StepOutcome {
-  std::vector<int> out_of_memory;        // ranks that ran out of memory, ascending
-  std::vector<std::int64_t> peak_bytes;  // per rank, this attempt
+  std::vector<int> out_of_memory;            // ranks that ran out of memory, ascending
+  std::vector<std::int64_t> peak_bytes;      // per rank, this attempt
   std::vector<MicroBatchShape> peak_shapes;  // per rank: the micro-batch of its peak (or OOM)
-  std::vector<AttemptPhase> phases;      // per rank: where it ran out (kNone: it did not)
-  std::vector<double> compute_seconds;   // per rank: its time computing, before the collective
-  bool stop = false;                     // some rank received a stop signal
+  std::vector<AttemptPhase> phases;          // per rank: where it ran out (kNone: it did not)
+  std::vector<double> compute_seconds;       // per rank: its time computing, before the collective
+  bool stop = false;                         // some rank received a stop signal
   bool abandoned = false;  // some rank stopped between micro-batches: the step is not taken
   double loss_sum = 0;     // the loss summed over everything the ranks counted
   double weight = 0;       // how many items (rows, tokens, values) that was
