@@ -190,7 +190,13 @@ else
   check cli-synth "$build/autoaccum" synth --out "$data" --rows 65536 --features 784 --classes 10
   check cli-train-auto mpirun -np 1 "$build/autoaccum" train --data "$data" --device cuda \
     --hidden 8192,8192 --global-batch 16384 --micro-batch auto --memory-limit "$limit" --steps 6 \
-    --run-log "$log"
+    --micro-batch-search halve --run-log "$log"
+  # The default search predicts from two measured micro-batches: under the same limit it should
+  # start below it (the run log's memory_model group; `autoaccum log` prints it).
+  check cli-train-predict mpirun -np 1 "$build/autoaccum" train --data "$data" --device cuda \
+    --hidden 8192,8192 --global-batch 16384 --micro-batch auto --memory-limit "$limit" --steps 6 \
+    --run-log "${log%.h5}-predict.h5"
+  "$build/autoaccum" log "${log%.h5}-predict.h5" 2>&1 | tee -a "$report"
 fi
 if [[ -f $log ]]; then
   "$build/autoaccum" log "$log" 2>&1 | tee -a "$report"
