@@ -20,7 +20,23 @@ void MemoryModel::ran_out(const MicroBatchShape& shape) {
 }
 
 std::optional<MemoryFit> MemoryModel::fit() const {
-  if (points_.size() < 2) return std::nullopt;
+  if (points_.empty()) return std::nullopt;
+  const bool one_size = std::all_of(points_.begin(), points_.end(), [&](const Point& p) {
+    return p.shape.units == points_.front().shape.units;
+  });
+  if (one_size) {
+    // The line from the base through the highest measurement at that size.
+    if (!(base_ > 0)) return std::nullopt;
+    double peak = 0;
+    for (const Point& p : points_)
+      peak = std::max(peak, p.peak);
+    const double units = points_.front().shape.units;
+    if (!(peak > base_)) return std::nullopt;
+    MemoryFit fit;
+    fit.fixed = base_;
+    fit.per_unit = (peak - base_) / units;
+    return fit;
+  }
   const double n = static_cast<double>(points_.size());
   double mu = 0, mq = 0, mp = 0;
   for (const Point& p : points_) {

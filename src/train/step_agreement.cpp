@@ -35,6 +35,7 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
   write_exact(report.weight, control + layout.weight(rank));
   write_exact(report.peak_shape.units, control + layout.shape_units(rank));
   write_exact(report.peak_shape.square, control + layout.shape_square(rank));
+  write_exact(static_cast<double>(report.base_bytes), control + layout.base_bytes(rank));
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
   control[layout.abandoned()] = report.abandoned ? 1.0f : 0.0f;
 }
@@ -62,6 +63,8 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
         static_cast<std::int64_t>(read_exact(reduced + layout.peak_bytes(r))));
     outcome.peak_shapes.push_back(MicroBatchShape{read_exact(reduced + layout.shape_units(r)),
                                                   read_exact(reduced + layout.shape_square(r))});
+    outcome.base_bytes.push_back(
+        static_cast<std::int64_t>(read_exact(reduced + layout.base_bytes(r))));
     outcome.phases.push_back(
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
     outcome.compute_seconds.push_back(static_cast<double>(reduced[layout.compute_seconds(r)]));

@@ -79,6 +79,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
   // micro-batch (it matters on a GPU).
   at::Tensor local_loss, local_weight;
   memory::reset_peak();
+  const std::int64_t base_bytes = memory::live_bytes();
   const auto compute_start = Clock::now();
   memory::OomWatch watch;
   std::optional<AttemptGuard> guard;
@@ -185,6 +186,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
                     abandoned,
                     seconds_since(compute_start)};
   report.peak_shape = peak_shape;
+  report.base_bytes = base_bytes;
   write_report(control, rank, report, control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {

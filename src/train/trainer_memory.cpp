@@ -37,6 +37,7 @@ void Trainer::State::learn_memory(const StepOutcome& outcome) {
   for (int r = 0; r < world; ++r) {
     const auto i = static_cast<std::size_t>(r);
     MemoryModel& memory = memory_models[i];
+    memory.set_base(outcome.base_bytes[i]);
     const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(), r) !=
                          outcome.out_of_memory.end();
     if (ran_out)
@@ -65,11 +66,11 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
     std::int64_t failed = 0;  // the smallest probe size that ran out
     std::int64_t fitted = 0;  // the largest probe size that fitted
   };
+  // The first size: small enough to fit in the usual case (rows: a sixteenth of the share;
+  // documents: the longest document alone, the budget's floor).
   std::vector<Probe> probes(static_cast<std::size_t>(world));
-  for (auto& p : probes) {
-    p.small = std::max(low, size_cap / 8);
-    p.large = std::min(size_cap, 2 * p.small);
-  }
+  for (auto& p : probes)
+    p.small = documents() ? low : std::max(low, size_cap / 16);
   const auto size_of = [](const Probe& p) {
     return p.stage == 0 ? p.small : p.stage == 1 ? p.large : p.stage == 2 ? p.small / 2 : 0;
   };
@@ -86,7 +87,8 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
       break;
     }
     for (int r = 0; r < world; ++r) {
-      Probe& p = probes[static_cast<std::size_t>(r)];
+      const auto i = static_cast<std::size_t>(r);
+      Probe& p = probes[i];
       if (p.stage == 3) continue;
       const std::int64_t tried = size_of(p);
       const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
@@ -99,9 +101,32 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
           continue;
         }
         p.small = std::max(low, p.small / 2);
-        p.large = std::min(size_cap, 2 * p.small);
       } else if (p.stage == 0) {
-        p.stage = p.large > p.small ? 1 : 3;
+        // The second size from the first measurement: half of what the first one's bytes per
+        // unit (above the state the rank held before it) say would fill the limit, so that the
+        // two points lie far apart and the second still fits. A share smaller than the size
+        // tried (the whole share measured) or no limit on this rank: nothing more to learn.
+        const double measured = outcome.peak_shapes[i].units;
+        const double per_unit =
+            measured > 0
+                ? static_cast<double>(outcome.peak_bytes[i] - outcome.base_bytes[i]) / measured
+                : 0.0;
+        const double room = static_cast<double>(rank_limits[i] - outcome.base_bytes[i]);
+        if ((!documents() && measured < static_cast<double>(tried)) || rank_limits[i] <= 0) {
+          p.stage = 3;
+        } else {
+          const auto half_of_fill =
+              per_unit > 0 ? static_cast<std::int64_t>(0.5 * room / per_unit) : 2 * p.small;
+          // Documents: at least two of the longest documents, or the shape would not change.
+          p.large = std::min(size_cap, std::max(half_of_fill, documents() ? 2 * p.small : 0));
+          if (p.large >= p.small + std::max<std::int64_t>(1, p.small / 2)) {
+            p.stage = 1;
+          } else if (p.small / 2 >= low && p.small / 2 < p.small) {
+            p.stage = 2;  // the first size is already near the limit: a second one below it
+          } else {
+            p.stage = 3;
+          }
+        }
       } else if (p.stage == 1) {
         // A second point below the first when the larger one did not fit.
         p.stage = ran_out && p.small / 2 >= low && p.small / 2 < p.small ? 2 : 3;

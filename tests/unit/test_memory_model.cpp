@@ -21,7 +21,7 @@ std::int64_t largest_by_scan(Truth truth, double limit, std::int64_t cap) {
 }
 
 TEST(MemoryModel, NothingToPredictFromOnePointOrFlatPeaks) {
-  MemoryModel model;
+  MemoryModel model;  // no base given
   EXPECT_FALSE(model.fit());
   model.observe({16, 0}, 1000);
   EXPECT_FALSE(model.fit());
@@ -32,6 +32,20 @@ TEST(MemoryModel, NothingToPredictFromOnePointOrFlatPeaks) {
   flat.observe({8, 0}, 5000);
   flat.observe({16, 0}, 5000);
   EXPECT_FALSE(flat.fit());  // memory does not grow: nothing to extrapolate
+}
+
+TEST(MemoryModel, OneSizeWithABaseIsTheLineFromTheBase) {
+  // Truth: 1000 (state) + 200 (an attempt's fixed cost) + 50 per row; measured at 16 rows only.
+  MemoryModel model;
+  model.set_base(1000);
+  model.observe({16, 0}, 1000 + 200 + 50 * 16);
+  const auto fit = model.fit();
+  ASSERT_TRUE(fit);
+  EXPECT_EQ(fit->fixed, 1000);
+  EXPECT_EQ(fit->per_unit, (200.0 + 50 * 16) / 16);  // the attempt's cost counted per row
+  // So it predicts fewer rows than fit (never more): 4000 bytes hold 56 rows, it says 48.
+  EXPECT_EQ(*model.largest(4000, 0.0, 1000), 48);
+  EXPECT_LE(*model.largest(4000, 0.0, 1000), (4000 - 1200) / 50);
 }
 
 TEST(MemoryModel, AffineRowsRecoveredExactlyAndPredictionMatchesScan) {

@@ -57,6 +57,7 @@ TEST(StepAgreement, NamesTheRanksThatRanOutAndWhere) {
   reports[3] = RankReport{true, AttemptPhase::kForward, 5 << 20, true};
   reports[1].peak_shape = {4096.0 * 3 + 1, 4096.0 * 4096 * 3};  // tokens past float's 2^24 below
   reports[2].peak_shape = {16777217.0, 0};
+  reports[2].base_bytes = (std::int64_t{1} << 40) + 3;  // a GPU's state, to the byte
   const auto reduced = reduce(layout, reports, {0.25f, 0.0f, 0.5f, 0.0f});
   const StepOutcome outcome = agree_on_step(layout, reduced.data());
   EXPECT_FALSE(outcome.succeeded());
@@ -68,6 +69,7 @@ TEST(StepAgreement, NamesTheRanksThatRanOutAndWhere) {
   EXPECT_EQ(outcome.peak_shapes[1].square, 4096.0 * 4096 * 3);
   EXPECT_EQ(outcome.peak_shapes[2].units, 16777217.0) << "exact past float's 2^24";
   EXPECT_EQ(outcome.peak_shapes[0].units, 0.0);
+  EXPECT_EQ(outcome.base_bytes[2], (std::int64_t{1} << 40) + 3);
   EXPECT_TRUE(outcome.stop);
   EXPECT_FLOAT_EQ(static_cast<float>(outcome.loss_sum), 0.75f);
   EXPECT_FLOAT_EQ(static_cast<float>(outcome.weight), 2.0f);

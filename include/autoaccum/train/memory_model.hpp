@@ -40,9 +40,13 @@ class MemoryModel {
   void observe(const MicroBatchShape& shape, std::int64_t peak_bytes);
   // A micro-batch of `shape` ran out of memory.
   void ran_out(const MicroBatchShape& shape);
+  // The bytes the rank held before its micro-batches (parameters, gradients, optimizer state):
+  // with a single size measured, the fit is the line from it through that measurement (its
+  // slope then also carries any fixed cost of an attempt: an overestimate, so a safe one).
+  void set_base(std::int64_t bytes) noexcept { base_ = static_cast<double>(bytes); }
 
-  // The fit, once two different shapes were measured and memory grows with them; otherwise
-  // nothing (too little seen, or measurements that do not grow: nothing to extrapolate from).
+  // The fit, once two different shapes were measured (or one, with a base) and memory grows with
+  // them; otherwise nothing (too little seen, or measurements that do not grow).
   std::optional<MemoryFit> fit() const;
   // The largest size in units, at most `cap`, whose predicted peak leaves `margin` (a fraction)
   // of the room above the fixed bytes unused under `limit_bytes` (0: no limit), and stays below
@@ -64,6 +68,7 @@ class MemoryModel {
   };
   std::vector<Point> points_;
   double failed_units_ = 0;
+  double base_ = 0;  // 0: unknown
 };
 
 }  // namespace autoaccum::train

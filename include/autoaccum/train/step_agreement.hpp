@@ -41,7 +41,9 @@ struct ControlLayout {
   // rows or padded tokens, and rows x width^2 for documents (train/memory_model.hpp).
   std::size_t shape_units(int rank) const { return exact(3, rank); }
   std::size_t shape_square(int rank) const { return exact(4, rank); }
-  std::size_t stop() const { return exact(5, 0); }  // signals
+  // Its live bytes when the attempt began: the state it holds whatever the micro-batch.
+  std::size_t base_bytes(int rank) const { return exact(5, rank); }
+  std::size_t stop() const { return exact(6, 0); }  // signals
   // Ranks that left micro-batches undone because a stop signal came between two of them.
   std::size_t abandoned() const { return stop() + 1; }
   std::int64_t count() const { return static_cast<std::int64_t>(abandoned()) + 1; }
@@ -68,6 +70,7 @@ struct RankReport {
   double loss_sum = 0;
   double weight = 0;
   MicroBatchShape peak_shape{};  // the micro-batch of the peak, or the one that ran out
+  std::int64_t base_bytes = 0;   // live bytes when the attempt began
 };
 // Writes `report` into this rank's slots of a zeroed host control array.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
@@ -76,6 +79,7 @@ struct StepOutcome {
   std::vector<int> out_of_memory;            // ranks that ran out of memory, ascending
   std::vector<std::int64_t> peak_bytes;      // per rank, this attempt
   std::vector<MicroBatchShape> peak_shapes;  // per rank: the micro-batch of its peak (or OOM)
+  std::vector<std::int64_t> base_bytes;      // per rank: live bytes when the attempt began
   std::vector<AttemptPhase> phases;          // per rank: where it ran out (kNone: it did not)
   std::vector<double> compute_seconds;       // per rank: its time computing, before the collective
   bool stop = false;                         // some rank received a stop signal
