@@ -3,11 +3,14 @@ against the largest micro-batch found by bisection with fixed runs under the sam
 probe leaves no trace (the trained model equals PyTorch's computation with the sizes the run
 log records); per-rank limits predict per-rank sizes; a prediction that does not fit falls back
 to halving on every rank; a limit that nothing fits under ends with exit 3 and one line."""
+import os
 import re
+import subprocess
 import unittest
 
 import h5py
 import numpy as np
+import torch
 
 import user_models as um
 from harness import TempDirTest, autoaccum, text
@@ -184,6 +187,51 @@ class MemoryModel(TempDirTest):
         with h5py.File(log, "r") as f:
             self.assertEqual(len(f["memory_model/step"]), 0)
             self.assertEqual(int(f["oom/micro_batch"][0]), 128)
+
+
+FORTUNES = "/usr/share/games/fortunes"
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+class TokenBudgets(TempDirTest):
+    """Documents: the prediction is a budget of padded tokens (the GPT on Debian's fortunes)."""
+    prefix = "autoaccum-memory-model-docs-"
+
+    @unittest.skipUnless(os.path.isdir(FORTUNES), "Debian's fortunes package is not installed")
+    def test_gpt_budget_predicted_below_the_share_without_out_of_memory_equals_pytorch(self):
+        import test_documents as td
+        data = self.path("docs")
+        r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 48, "--out",
+                      data, os.path.join(FORTUNES, "computers"), timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(f"{data}/text-docs-train.h5", "r") as f:
+            tokens, offsets = f["tokens"][:].astype(np.int64), f["offsets"][:]
+        docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        model = self.path("gpt.pt")
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "jobs/models/gpt.py"), "--out",
+                        model, "--context", "48", "--width", "32", "--layers", "2", "--heads",
+                        "2", "--dropout", "0"], check=True, capture_output=True)
+        initial = {n: p.detach().numpy().copy()
+                   for n, p in torch.jit.load(model).named_parameters()}
+        log, checkpoint = self.path("gpt.h5"), self.path("gpt.ckpt.h5")
+        steps = 12
+        r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file", model,
+                      "--global-batch", 24, "--steps", steps, "--shuffle", "none", "--lr", 0.1,
+                      "--momentum", 0, "--threads", 1, "--memory-limit", "2MiB",
+                      "--run-log", log, "--checkpoint", checkpoint, timeout=180)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("/token; predicted", r.stdout)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(len(f["oom/step"]), 0, r.stdout)
+            budgets = f["memory_model/micro_batch"][:]
+            self.assertGreater(f["memory_model/bytes_per_unit"][0], 0)
+            padded = f["steps/padded_tokens"][:]
+        # Below a rank's whole share (12 documents of up to 48 tokens), above one document.
+        self.assertTrue(all(48 <= b < 12 * 48 for b in budgets), budgets)
+        self.assertGreater(int(padded.max()), 0)
+        ref = td.reference(model, docs, 24, steps, 0.1)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, ref, initial), td.EXACT)
 
 
 if __name__ == "__main__":
