@@ -104,8 +104,9 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
       } else if (p.stage == 0) {
         // The second size from the first measurement: half of what the first one's bytes per
         // unit (above the state the rank held before it) say would fill the limit, so that the
-        // two points lie far apart and the second still fits. A share smaller than the size
-        // tried (the whole share measured) or no limit on this rank: nothing more to learn.
+        // two points lie far apart and the second still fits in the usual case. A share smaller
+        // than the size tried (the whole share measured) or no limit on this rank: nothing more to
+        // learn.
         const double measured = outcome.peak_shapes[i].units;
         const double per_unit =
             measured > 0
@@ -117,8 +118,11 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
         } else {
           const auto half_of_fill =
               per_unit > 0 ? static_cast<std::int64_t>(0.5 * room / per_unit) : 2 * p.small;
-          // Documents: at least two of the longest documents, or the shape would not change.
-          p.large = std::min(size_cap, std::max(half_of_fill, documents() ? 2 * p.small : 0));
+          // At least twice the first: a second point close to the first says little (an
+          // attempt may hold a large fixed cost beyond the state, such as gradients being
+          // accumulated: the first point alone would count it per row), and for documents a
+          // smaller budget would not change the shape. If it runs out, that bounds the model.
+          p.large = std::min(size_cap, std::max(half_of_fill, 2 * p.small));
           if (p.large >= p.small + std::max<std::int64_t>(1, p.small / 2)) {
             p.stage = 1;
           } else if (p.small / 2 >= low && p.small / 2 < p.small) {

@@ -484,6 +484,174 @@ def render_documents(results):
     return "\n".join(lines) + "\n"
 
 
+# Issue 27: predicting what fits. Each model trains under limits placed at random (seeded)
+# between the peaks of two powers of two; per placement: the prediction against the largest
+# fixed micro-batch that fits (bisection with fixed runs), out-of-memory events with predict and
+# with halve, the time to the first counted step, and predict's samples/s against the fixed run
+# at the largest size that fits.
+MM_STEPS = 6
+
+
+def mm_train(work, data, args, micro_batch, global_batch, steps, limit=None, extra=()):
+    """One run: the run log's steps, OOM rows and memory_model group (None if it failed)."""
+    path = os.path.join(work, f"mm-{time.monotonic_ns()}.h5")
+    cmd = MPI + [BIN, "train", "--data", data, *args, "--global-batch", global_batch,
+                 "--micro-batch", micro_batch, "--steps", steps, "--threads", 1,
+                 "--log-every", 0, "--shuffle", "none", "--run-log", path, *extra]
+    if limit:
+        cmd += ["--memory-limit", limit]
+    r = run(cmd, check=False)
+    if r.returncode != 0:
+        return None
+    with h5py.File(path, "r") as f:
+        out = {k: f["steps"][k][:] for k in f["steps"]}
+        out["ooms"] = len(f["oom/step"])
+        out["peak"] = int(f["ranks/peak_bytes"][:].max())
+        out["model"] = {k: f["memory_model"][k][:] for k in f["memory_model"]}
+    os.remove(path)
+    return out
+
+
+def bench_memory_model(work, reps, results):
+    log("== memory model: predicted micro-batch against the largest that fits")
+    rng = np.random.default_rng(27)
+    runner_data = synth784(work)
+    fashion = os.path.join(work, "fashion-mnist-train.h5")
+    if not os.path.exists(fashion):
+        run([BIN, "import", "fashion-mnist", "--out", work])
+    text = os.path.join(work, "lm", "text-train.h5")
+    if not os.path.exists(text):
+        run([BIN, "import", "text", "--out", os.path.join(work, "lm"), "--context",
+             LM["context"]])
+    gpt = os.path.join(work, "mm-gpt.pt")
+    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", gpt]
+        + [a for k, v in LM.items() for a in (f"--{k}", v)])
+    models = {  # name: data, arguments, global batch, placements
+        "mlp 784-256-10": (runner_data, ["--model", "mlp", "--hidden", "256"], 512, 10),
+        "cnn (Fashion-MNIST)": (fashion, ["--model", "cnn"], 256, 10),
+        "GPT rows (context 64)": (text, ["--model-file", gpt, "--optimizer", "adamw",
+                                         "--lr", "0.003"], 256, 10),
+    }
+    out = {}
+    for name, (data, args, batch, placements) in models.items():
+        share = batch // RANKS
+        peaks = {}
+        for k in range(1, int(np.log2(share)) + 1):
+            got = mm_train(work, data, args, 2 ** k, batch, 2)
+            peaks[k] = got["peak"]
+        rows = []
+        for p in range(placements):
+            k = int(rng.integers(1, int(np.log2(share))))  # 2^k fits, 2^(k+1) <= share does not
+            limit = int(peaks[k] + rng.uniform(0.05, 0.95) * (peaks[k + 1] - peaks[k]))
+            low, high = 2 ** k, 2 ** (k + 1)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if mm_train(work, data, args, middle, batch, 2, limit=limit) is not None:
+                    low = middle
+                else:
+                    high = middle
+            truth = low
+            predict = mm_train(work, data, args, "auto", batch, MM_STEPS, limit=limit)
+            halve = mm_train(work, data, args, "auto", batch, MM_STEPS, limit=limit,
+                             extra=["--micro-batch-search", "halve"])
+            fixed = mm_train(work, data, args, truth, batch, MM_STEPS, limit=limit)
+            if predict is None or halve is None or fixed is None:
+                log(f"  {name} placement {p + 1}: a run failed (predict {predict is not None}, "
+                    f"halve {halve is not None}, fixed {fixed is not None}); skipped")
+                continue
+            model = predict["model"]
+            predicted = int(model["predicted"].min())
+            used = int(model["micro_batch"].min())
+            probe = float(model["probe_seconds"][0]) if len(model["probe_seconds"]) else 0.0
+            first_predict = probe + float(predict["step_seconds"][0])
+            first_halve = float(halve["step_seconds"][0])
+            row = {"limit": limit, "k": k, "truth": truth, "predicted": predicted, "used": used,
+                   "ratio": predicted / truth, "ooms_predict": predict["ooms"],
+                   "ooms_halve": halve["ooms"], "halve_final": int(halve["micro_batch"][-1]),
+                   "first_predict": first_predict, "first_halve": first_halve,
+                   "rate_predict": Runner.steady(predict, skip=2),
+                   "rate_fixed": Runner.steady(fixed, skip=2)}
+            row["rate_ratio"] = row["rate_predict"] / row["rate_fixed"]
+            rows.append(row)
+            log(f"  {name} placement {p + 1}/{placements}: limit {limit / 2**20:.2f} MiB, fits "
+                f"{truth}, predicted {predicted} ({row['ratio']:.3f}), used {used}; OOMs predict "
+                f"{row['ooms_predict']}, halve {row['ooms_halve']} (-> {row['halve_final']}); "
+                f"first step {first_predict:.2f} s vs {first_halve:.2f} s; samples/s "
+                f"{row['rate_ratio']:.3f} of fixed {truth}")
+        out[name] = rows
+    # Documents: a whole epoch of fortunes with the GPT of the documents benchmark.
+    folder = os.path.join(work, "docs")
+    docs = os.path.join(folder, "text-docs-train.h5")
+    if not os.path.exists(docs):
+        run([BIN, "import", "text", "--out", folder, "--documents", "fortune", "--max-length",
+             DOCS["context"]])
+    dmodel = os.path.join(folder, "mm-gpt-docs.pt")
+    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", dmodel]
+        + [a for k, v in DOCS.items() for a in (f"--{k}", v)])
+    with h5py.File(docs, "r") as f:
+        epoch = (len(f["offsets"]) - 1) // DOCS_BATCH
+    path = os.path.join(work, "mm-docs.h5")
+    run(MPI + [BIN, "train", "--data", docs, "--model-file", dmodel, "--global-batch",
+               DOCS_BATCH, "--steps", epoch, "--threads", 1, "--log-every", 0, "--optimizer",
+               "adamw", "--lr", 0.003, "--memory-limit", "24MiB", "--run-log", path])
+    with h5py.File(path, "r") as f:
+        oom_steps = [int(s) for s in f["oom/step"][:]]
+        budget = int(f["memory_model/micro_batch"][:].min())
+        padding = 1 - f["steps/tokens"][:].sum() / f["steps/padded_tokens"][:].sum()
+    out["documents"] = {"steps": epoch, "oom_steps": oom_steps, "budget": budget,
+                        "limit": 24 * 2**20, "padding": float(padding)}
+    log(f"  documents: {epoch} steps (an epoch), budget {budget} tokens, out-of-memory at "
+        f"steps {oom_steps or 'none'}")
+    results["memory_model"] = out
+
+
+def render_memory_model(results):
+    r = results["memory_model"]
+    met = lambda ok: "yes" if ok else "**no**"
+    lines = [f"Generated by `tests/bench/run.sh --only memory-model` on {results['date']} "
+             f"({results['machine']}). 2 ranks x 1 thread, CPU budget (`--memory-limit`), "
+             "limits placed at random (seed 27) between the peaks of two powers of two; the "
+             "largest size that fits found by bisection with fixed runs under the same limit. "
+             "`predict` is the default search, `halve` the search before it.", "",
+             "| model | placements | predicted / fits, median (min-max) | above what fits | "
+             "OOMs per run: predict, halve (median) | first step: predict / halve (median) | "
+             "samples/s: predict / fixed at what fits (median) |",
+             "|---|---|---|---|---|---|---|"]
+    all_ratios, all_ooms, all_rates = [], [], []
+    for name, rows in r.items():
+        if name in ("documents", "meta"):
+            continue
+        ratios = [x["ratio"] for x in rows]
+        above = sum(1 for x in rows if x["predicted"] > x["truth"])
+        op = statistics.median(x["ooms_predict"] for x in rows)
+        oh = statistics.median(x["ooms_halve"] for x in rows)
+        first = statistics.median(x["first_predict"] / x["first_halve"] for x in rows)
+        rate = statistics.median(x["rate_ratio"] for x in rows)
+        all_ratios += ratios
+        all_ooms += [x["ooms_predict"] for x in rows]
+        all_rates += [x["rate_ratio"] for x in rows]
+        lines.append(f"| {name} | {len(rows)} | {statistics.median(ratios):.3f} "
+                     f"({min(ratios):.3f}-{max(ratios):.3f}) | {above} | {op:g}, {oh:g} | "
+                     f"{first:.2f} | {rate:.3f} |")
+    d = r["documents"]
+    lines += ["", "| target | measured | met |", "|---|---|---|",
+              f"| predicted / largest that fits >= 0.93 (median over all placements) | "
+              f"{statistics.median(all_ratios):.3f} | {met(statistics.median(all_ratios) >= 0.93)} |",
+              f"| never above what fits | {sum(1 for x in all_ratios if x > 1)} placements above | "
+              f"{met(all(x <= 1 for x in all_ratios))} |",
+              f"| out-of-memory events per run <= 1 (median) | {statistics.median(all_ooms):g} | "
+              f"{met(statistics.median(all_ooms) <= 1)} |",
+              f"| auto / best fixed samples/s >= 0.98 (median) | {statistics.median(all_rates):.3f} "
+              f"| {met(statistics.median(all_rates) >= 0.98)} |",
+              f"| documents: an epoch of fortunes ({d['steps']} steps, GPT context 256, "
+              f"{d['limit'] // 2**20} MiB), no out-of-memory after step 10 | budget "
+              f"{d['budget']} tokens, out-of-memory at steps {d['oom_steps'] or 'none'}, padding "
+              f"{100 * d['padding']:.1f}% | {met(all(s < 10 for s in d['oom_steps']))} |",
+              "| `--balance throughput` with `auto`, one rank 3x slower, >= 1.6x | not measured "
+              "(shares and micro-batches are not yet decoupled) | **no** |", ""]
+    return "\n".join(lines)
+
+
 def synth784(work):
     """The MLP benchmarks' data file in `work`, made once: 16384 rows of 784 features."""
     data = os.path.join(work, "synth784.h5")
@@ -1024,7 +1192,8 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
-    parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog", "documents"],
+    parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog", "documents",
+                                           "memory-model"],
                         help="run one group (lm: the language model; mixed: a slow rank and "
                              "unequal memory; precision: bf16 against fp32; watchdog: the "
                              "collective watchdog's cost) and rewrite its tables")
@@ -1061,6 +1230,10 @@ def main():
         if args.only == "documents":
             bench_documents(work, max(1, min(args.reps, 3)), results)
             return finish(results, start, args)
+        if args.only == "memory-model":
+            bench_memory_model(work, 1, results)
+            args.only = "memory_model"
+            return finish(results, start, args)
         runner = Runner(work, args.steps)
         run([BIN, "synth", "--out", runner.data, "--rows", 16384, "--features", 784,
              "--classes", 10, "--seed", 1])
@@ -1075,13 +1248,14 @@ def main():
         bench_precision(work, max(1, min(args.reps, 3)), results)
         bench_watchdog(work, max(1, min(args.reps, 3)), results)
         bench_documents(work, max(1, min(args.reps, 3)), results)
+        bench_memory_model(work, 1, results)
     finish(results, start, args)
 
 
 def finish(results, start, args):
     """Saves the raw figures (merged into an earlier results.json for --only) and the tables."""
     results["seconds"] = time.time() - start
-    for group in ("lm", "mixed", "precision", "watchdog", "documents"):
+    for group in ("lm", "mixed", "precision", "watchdog", "documents", "memory_model"):
         if group in results:
             results[group]["meta"] = {k: results[k] for k in ("date", "machine")}
     path = os.path.join(ROOT, "build", "bench", "results.json")
@@ -1127,6 +1301,11 @@ def write_all(results):
                                  "documents": results["documents"]})
         print(text)
         write_docs(text, "bench-documents")
+    if "memory_model" in results:
+        text = render_memory_model({**results, **results["memory_model"].get("meta", {}),
+                                    "memory_model": results["memory_model"]})
+        print(text)
+        write_docs(text, "bench-memory-model")
 
 
 def cpu_name():

@@ -189,6 +189,66 @@ class MemoryModel(TempDirTest):
             self.assertEqual(int(f["oom/micro_batch"][0]), 128)
 
 
+try:
+    import torchvision
+except ImportError:  # python3-torchvision (jobs/setup.sh installs it)
+    torchvision = None
+
+
+@unittest.skipUnless(torchvision, "python3-torchvision is not installed")
+class TorchvisionResNet(TempDirTest):
+    """A model nobody here wrote: torchvision's resnet18 (11.2M parameters, BatchNorm), scripted,
+    trained with AdamW on 3x32x32 images."""
+    prefix = "autoaccum-memory-model-resnet-"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        torch.manual_seed(0)
+        net = torchvision.models.resnet18(num_classes=10)
+        cls.model = cls.path("resnet18.pt")
+        torch.jit.script(net).save(cls.model)
+        cls.x, cls.y = um.classification_data(64, (3, 32, 32), 10, seed=5)
+        cls.data = um.write_data(cls.path("images.h5"), cls.x, cls.y, classes=10)
+
+    def train(self, name, limit, *args, expect=0):
+        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        r = autoaccum(2, "train", "--data", self.data, "--model-file", self.model, "--threads", 1,
+                      "--global-batch", 64, "--steps", 2, "--shuffle", "none", "--optimizer",
+                      "adamw", "--lr", 0.001, "--memory-limit", limit, "--run-log", log,
+                      "--checkpoint", checkpoint, *args, timeout=240)
+        self.assertEqual(r.returncode, expect, r)
+        return r, log, checkpoint
+
+    def test_state_that_leaves_no_room_is_one_line_and_exit_3(self):
+        # Parameters, gradients and AdamW's two moments: 4 x 42.7 MB of the 180 MiB.
+        r, log, _ = self.train("full", "180MiB", expect=3)
+        errors = um.error_lines(r)
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("ran out of memory on a micro-batch of 2 rows while probing", errors[0])
+        self.assertIn("--optimizer sgd", errors[0])
+        self.assertNotIn("Expected more than 1 value per channel", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_prediction_without_out_of_memory_equals_pytorch(self):
+        r, log, checkpoint = self.train("room", "200MiB")
+        with h5py.File(log, "r") as f:
+            self.assertEqual(len(f["oom/step"]), 0, r.stdout)
+            predicted = int(f["memory_model/predicted"][:].min())
+            used = int(f["memory_model/micro_batch"][:].min())
+        # About 189 MiB of state and attempt overhead + 432 KiB per row (LibTorch 1.13): 26 rows
+        # fit in 200 MiB (fixed runs: 26 trains, 28 runs out); the line from the state through
+        # one 2-row measurement alone would have said 2. The predicted size itself trains.
+        self.assertGreaterEqual(predicted, 12, r.stdout)
+        self.train("at-predicted", "200MiB", "--micro-batch", predicted)
+        size_of, parts, _ = um.rank_sizes(log)
+        self.assertEqual(size_of(0, 0), used)
+        reference = um.reference_steps(self.model, self.x, self.y, world=2, micro_batch=size_of,
+                                       global_batch=64, steps=2, lr=0.001, optimizer="adamw",
+                                       parts=parts)
+        um.assert_close_to_model(self, checkpoint, reference, rtol=1e-4, atol=1e-5)
+
+
 FORTUNES = "/usr/share/games/fortunes"
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
