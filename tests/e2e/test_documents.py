@@ -382,6 +382,25 @@ FORTUNES = "/usr/share/games/fortunes"
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
+def fortune_documents_and_gpt(test):
+    """Debian's `computers` fortunes as documents of at most 48 bytes and the example GPT
+    (context 48, width 32, 2 layers) in `test`'s folder: (data folder, the documents, the
+    model file, its initial parameters)."""
+    data = test.path("docs")
+    r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 48, "--out",
+                  data, os.path.join(FORTUNES, "computers"), timeout=120)
+    test.assertEqual(r.returncode, 0, r)
+    with h5py.File(f"{data}/text-docs-train.h5", "r") as f:
+        tokens, offsets = f["tokens"][:].astype(np.int64), f["offsets"][:]
+    docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    model = test.path("gpt.pt")
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "jobs/models/gpt.py"), "--out",
+                    model, "--context", "48", "--width", "32", "--layers", "2", "--heads", "2",
+                    "--dropout", "0"], check=True, capture_output=True)
+    initial = {n: p.detach().numpy().copy() for n, p in torch.jit.load(model).named_parameters()}
+    return data, docs, model, initial
+
+
 class GptOnFortuneDocuments(TempDirTest):
     """The GPT of jobs/models (causal self-attention, layer norms, tied nothing) on Debian's
     fortunes imported as documents: right padding never reaches an earlier position through
@@ -391,18 +410,7 @@ class GptOnFortuneDocuments(TempDirTest):
 
     @unittest.skipUnless(os.path.isdir(FORTUNES), "Debian's fortunes package is not installed")
     def test_two_steps_with_an_out_of_memory_equal_pytorch(self):
-        data = self.path("docs")
-        r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 48, "--out",
-                      data, os.path.join(FORTUNES, "computers"), timeout=120)
-        self.assertEqual(r.returncode, 0, r)
-        with h5py.File(f"{data}/text-docs-train.h5", "r") as f:
-            tokens, offsets = f["tokens"][:].astype(np.int64), f["offsets"][:]
-        docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
-        model = self.path("gpt.pt")
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "jobs/models/gpt.py"), "--out",
-                        model, "--context", "48", "--width", "32", "--layers", "2", "--heads",
-                        "2", "--dropout", "0"], check=True, capture_output=True)
-        initial = {n: p.detach().numpy().copy() for n, p in torch.jit.load(model).named_parameters()}
+        data, docs, model, initial = fortune_documents_and_gpt(self)
         log, checkpoint = self.path("gpt.h5"), self.path("gpt.ckpt.h5")
         r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file", model,
                       "--global-batch", 24, "--steps", 2, "--shuffle", "none", "--lr", 0.1,

@@ -5,7 +5,6 @@ log records); per-rank limits predict per-rank sizes; a prediction that does not
 to halving on every rank; a limit that nothing fits under ends with exit 3 and one line."""
 import os
 import re
-import subprocess
 import unittest
 
 import h5py
@@ -249,30 +248,15 @@ class TorchvisionResNet(TempDirTest):
         um.assert_close_to_model(self, checkpoint, reference, rtol=1e-4, atol=1e-5)
 
 
-FORTUNES = "/usr/share/games/fortunes"
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-
-
 class TokenBudgets(TempDirTest):
     """Documents: the prediction is a budget of padded tokens (the GPT on Debian's fortunes)."""
     prefix = "autoaccum-memory-model-docs-"
 
-    @unittest.skipUnless(os.path.isdir(FORTUNES), "Debian's fortunes package is not installed")
+    @unittest.skipUnless(os.path.isdir("/usr/share/games/fortunes"),
+                         "Debian's fortunes package is not installed")
     def test_gpt_budget_predicted_below_the_share_without_out_of_memory_equals_pytorch(self):
         import test_documents as td
-        data = self.path("docs")
-        r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 48, "--out",
-                      data, os.path.join(FORTUNES, "computers"), timeout=120)
-        self.assertEqual(r.returncode, 0, r)
-        with h5py.File(f"{data}/text-docs-train.h5", "r") as f:
-            tokens, offsets = f["tokens"][:].astype(np.int64), f["offsets"][:]
-        docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
-        model = self.path("gpt.pt")
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "jobs/models/gpt.py"), "--out",
-                        model, "--context", "48", "--width", "32", "--layers", "2", "--heads",
-                        "2", "--dropout", "0"], check=True, capture_output=True)
-        initial = {n: p.detach().numpy().copy()
-                   for n, p in torch.jit.load(model).named_parameters()}
+        data, docs, model, initial = td.fortune_documents_and_gpt(self)
         log, checkpoint = self.path("gpt.h5"), self.path("gpt.ckpt.h5")
         steps = 12
         r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file", model,
