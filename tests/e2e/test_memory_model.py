@@ -245,7 +245,12 @@ class TorchvisionResNet(TempDirTest):
         reference = um.reference_steps(self.model, self.x, self.y, world=2, micro_batch=size_of,
                                        global_batch=64, steps=2, lr=0.001, optimizer="adamw",
                                        parts=parts)
-        um.assert_close_to_model(self, checkpoint, reference, rtol=1e-4, atol=1e-5)
+        # Relative to the update, over all 11.2M parameters: AdamW divides by the root of the
+        # second moment, so elements whose gradient is near zero differ by up to lr x rounding
+        # (33 of conv1's 9408 by 1e-4 on Debian 13); a wrong micro-batch would be ~1e-1.
+        initial = {n: p.detach().numpy() for n, p in torch.jit.load(self.model).named_parameters()}
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, reference, initial), 1e-3)
 
 
 class TokenBudgets(TempDirTest):
