@@ -208,7 +208,7 @@ class Precision(TempDirTest):
             self.assertEqual(list(f["steps/skipped"][:]), [0, 1, 0, 0])
 
     def test_evaluation_runs_under_autocast_and_equals_pytorch(self):
-        model = um.save_scripted(um.SmallConv(logit_scale=4.0), self.path("eval.pt"))
+        model = um.save_scripted(um.SmallConv(logit_scale=4.0, gain=1.0038), self.path("eval.pt"))
         _, log, checkpoint = self.train(2, model, "eval", "--global-batch", 128, "--steps", 2,
                                         "--precision", "bf16", "--val-data", self.data)
         with h5py.File(log, "r") as f:
@@ -225,12 +225,14 @@ class Precision(TempDirTest):
             expected = float(torch.nn.functional.cross_entropy(out, y, reduction="sum")) / len(y)
         expected_accuracy = float((out.argmax(1) == y).float().mean())
         # Equal to PyTorch's autocast evaluation within 1e-6 (measured 4e-8 and 1.6e-7 apart on
-        # LibTorch 2.6 and 1.13), while fp32's evaluation of the same model lies outside ten
-        # times that band (measured 7e-5 and 2.8e-4): an evaluation in fp32 fails the first
-        # check. The logits are scaled by 4 (exact in bf16) so that bf16's rounding shows in the
-        # loss: unscaled, the two evaluations of the trained model came as close as 1.1e-6.
+        # LibTorch 2.6 and 1.13). The model ends in a fixed gain of 1.0038 applied by linear(),
+        # which bf16 rounds to 1: an fp32 evaluation scales the logits by 1.0038 and its loss
+        # lies far outside that band whatever the trained weights (measured 2.9e-3 to 4.1e-3
+        # apart on both platforms, over random initialisations). (Without the gain the gap
+        # between the two evaluations is bf16's rounding of the weights alone, which came as
+        # close as 4.9e-6 on one run and failed the check below.)
         self.assertAlmostEqual(loss, expected, delta=1e-6 * expected)
         self.assertAlmostEqual(accuracy, expected_accuracy, delta=2 / len(y))
         with torch.no_grad():
             fp32 = float(torch.nn.functional.cross_entropy(net(x), y, reduction="sum")) / len(y)
-        self.assertGreater(abs(expected - fp32), 1e-5 * expected)
+        self.assertGreater(abs(expected - fp32), 1e-4 * expected)

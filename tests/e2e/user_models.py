@@ -53,14 +53,21 @@ class SmallConv(torch.nn.Module):
     """A convolution and a linear layer, no BatchNorm: its gradient does not depend on how a
     batch is cut into micro-batches."""
 
-    def __init__(self, channels=1, side=8, classes=4, width=8, logit_scale=1.0):
+    def __init__(self, channels=1, side=8, classes=4, width=8, logit_scale=1.0, gain=None):
         super().__init__()
         self.conv = torch.nn.Conv2d(channels, width, 3, padding=1)
         self.fc = torch.nn.Linear(width * side * side, classes)
         self.logit_scale = logit_scale
+        # gain: a fixed buffer applied by linear(), which autocast runs in bf16/fp16; a gain that
+        # rounds to 1 there (1.0038 in bf16) scales the logits only in an fp32 evaluation.
+        self.use_gain = gain is not None
+        self.register_buffer("gain", torch.eye(classes) * (1.0 if gain is None else gain))
 
     def forward(self, x):
-        return self.fc(torch.relu(self.conv(x)).flatten(1)) * self.logit_scale
+        logits = self.fc(torch.relu(self.conv(x)).flatten(1)) * self.logit_scale
+        if self.use_gain:
+            logits = torch.nn.functional.linear(logits, self.gain)
+        return logits
 
 
 class LinearBn(torch.nn.Module):
