@@ -101,6 +101,12 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     throw UsageError("--micro-batch-search: '" + search + "' is not one of predict, halve, refine");
   o.predict_micro_batch = search == "predict";
   o.refine_micro_batch = search == "refine";
+  if (vm.count("micro-batch-regrow")) {
+    o.micro_batch_regrow = vm["micro-batch-regrow"].as<std::int64_t>();
+    if (o.micro_batch_regrow < 0)
+      throw UsageError("--micro-batch-regrow must be 0 (never) or a number of steps (got " +
+                       std::to_string(o.micro_batch_regrow) + ")");
+  }
   o.memory_margin = vm["memory-margin"].as<double>();
   if (!(o.memory_margin >= 0 && o.memory_margin < 1))
     throw UsageError("--memory-margin must be in [0, 1) (got " + std::to_string(o.memory_margin) +
@@ -255,6 +261,10 @@ Command train_command() {
       "largest its memory model says fits (halving, then bisecting upwards, if one runs out); "
       "halve: start at the whole share and halve after each OOM; refine: halve, then bisect "
       "upwards on later steps");
+  add("micro-batch-regrow", po::value<std::int64_t>()->value_name("N"),
+      "after an out-of-memory lowered an automatic micro-batch, try the size before once more "
+      "after N clean steps (a transient peak), at the cost of at most one more out-of-memory; "
+      "0: never (default: 100 with --micro-batch-search predict, 0 with halve and refine)");
   add("memory-margin", po::value<double>()->default_value(0.05, "0.05")->value_name("F"),
       "--micro-batch-search predict: the fraction of the memory above the model's fixed state "
       "left unused, for what the model does not foresee (fragmentation, other allocations)");

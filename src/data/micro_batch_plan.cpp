@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "autoaccum/core/error.hpp"
@@ -22,8 +23,18 @@ MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size) {
   return plan;
 }
 
-MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget) {
+MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
+                              WidthCost cost) {
   if (budget < 1) throw Error("plan_documents: budget " + std::to_string(budget));
+  const double ratio = cost.ratio > 0 && std::isfinite(cost.ratio) ? cost.ratio : 0.0;
+  // Whether count documents at width w fit: exact integers without a ratio.
+  const auto fits = [&](std::int64_t count, std::int64_t width) {
+    if (ratio == 0) return count * width <= budget;
+    const auto w = static_cast<double>(width);
+    const double reference = static_cast<double>(std::max(cost.reference, width));
+    return static_cast<double>(count) * w * (1 + ratio * w) <=
+           static_cast<double>(budget) * (1 + ratio * reference);
+  };
   std::vector<std::int64_t> order(lengths.size());
   std::iota(order.begin(), order.end(), std::int64_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
@@ -33,7 +44,7 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
   for (std::size_t i = 0; i < order.size();) {
     MicroBatchPiece piece;
     piece.width = std::max<std::int64_t>(1, lengths[static_cast<std::size_t>(order[i])]);
-    while (i < order.size() && (piece.count == 0 || (piece.count + 1) * piece.width <= budget)) {
+    while (i < order.size() && (piece.count == 0 || fits(piece.count + 1, piece.width))) {
       piece.documents.push_back(order[i]);
       piece.tokens += lengths[static_cast<std::size_t>(order[i])];
       ++piece.count;
@@ -46,13 +57,13 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
   return plan;
 }
 
-MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size) {
+MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost) {
   const Documents* documents = slab.documents();
   if (!documents) return plan_rows(slab.rows(), size);
   std::vector<std::int64_t> lengths;
   for (std::int64_t i = 0; i < documents->count(); ++i)
     lengths.push_back(documents->length(i));
-  return plan_documents(lengths, size);
+  return plan_documents(lengths, size, cost);
 }
 
 std::int64_t padded_size(const std::vector<std::int64_t>& lengths) {

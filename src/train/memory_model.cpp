@@ -11,7 +11,22 @@ namespace autoaccum::train {
 
 void MemoryModel::observe(const MicroBatchShape& shape, std::int64_t peak_bytes) {
   if (!(shape.units > 0) || peak_bytes <= 0) return;
-  points_.push_back(Point{shape, static_cast<double>(peak_bytes)});
+  // Rows: a size at or above one that ran out now completed, so that out-of-memory was
+  // transient (a regrow that succeeded) and no longer bounds the predictions. (Documents: a
+  // larger budget at another width says nothing of the shape that ran out.)
+  if (failed_units_ > 0 && shape.square == 0 && shape.units >= failed_units_) failed_units_ = 0;
+  const double peak = static_cast<double>(peak_bytes);
+  // One point per shape, at the highest peak it took: a run of a million steps at a few sizes
+  // keeps a few points (every rank holds every rank's model).
+  for (Point& p : points_) {
+    if (p.shape.units == shape.units && p.shape.square == shape.square) {
+      p.peak = std::max(p.peak, peak);
+      return;
+    }
+  }
+  // Documents give a new shape on almost every micro-batch: keep the latest kMaxPoints.
+  if (points_.size() >= kMaxPoints) points_.erase(points_.begin());
+  points_.push_back(Point{shape, peak});
 }
 
 void MemoryModel::ran_out(const MicroBatchShape& shape) {

@@ -33,6 +33,17 @@ MicroBatchPolicy::MicroBatchPolicy(std::int64_t per_rank_rows, std::optional<std
 std::optional<std::int64_t> MicroBatchPolicy::after_oom() {
   if (!automatic_ || current_ <= floor_) return std::nullopt;
   failed_ = failed_ > 0 ? std::min(failed_, current_) : current_;
+  clean_steps_ = 0;
+  if (regrowing_ && fitted_ > 0 && fitted_ < current_) {
+    // The size it held before still does not fit: back to the one that ran, for good.
+    current_ = fitted_;
+    regrowing_ = probing_ = false;
+    regrow_to_ = 0;
+    return current_;
+  }
+  // The first lowering of a series remembers the size to try again (--micro-batch-regrow).
+  if (regrow_to_ == 0) regrow_to_ = current_;
+  regrowing_ = false;
   if (refine_ && probing_ && fitted_ > 0 && fitted_ < current_) {
     current_ = fitted_;  // the probe did not fit: back to the last size that did
   } else {
@@ -46,6 +57,19 @@ std::optional<std::int64_t> MicroBatchPolicy::after_oom() {
 bool MicroBatchPolicy::after_success() {
   probing_ = false;
   fitted_ = std::max(fitted_, current_);
+  if (regrowing_) {
+    // The lowering was transient: the size it held fits again.
+    regrowing_ = false;
+    regrow_to_ = 0;
+    if (failed_ > 0 && failed_ <= current_) failed_ = 0;
+  }
+  ++clean_steps_;
+  regrow_to_ = std::min(regrow_to_, per_rank_rows_);  // a share may have shrunk since
+  if (regrow_steps_ > 0 && regrow_to_ > current_ && clean_steps_ >= regrow_steps_) {
+    current_ = regrow_to_;
+    regrowing_ = probing_ = true;
+    return true;
+  }
   if (!refine_ || failed_ == 0 || fitted_ >= per_rank_rows_) return false;
   const std::int64_t resolution = std::max<std::int64_t>(1, fitted_ / 16);
   if (failed_ - fitted_ <= resolution) return false;
@@ -60,8 +84,28 @@ void MicroBatchPolicy::start_at(std::int64_t size, std::int64_t failed) {
   if (!automatic_) return;
   current_ = std::max(floor_, std::min(size, per_rank_rows_));
   fitted_ = 0;
-  probing_ = false;
+  probing_ = regrowing_ = false;
+  regrow_to_ = clean_steps_ = 0;
   if (failed > current_) failed_ = failed_ > 0 ? std::min(failed_, failed) : failed;
+}
+
+bool MicroBatchPolicy::follow_share(std::int64_t rows, std::optional<std::int64_t> predicted) {
+  if (!automatic_ || rows < 1) return false;
+  per_rank_rows_ = rows;
+  floor_ = std::min(floor_, rows);
+  std::int64_t size = 0;
+  if (predicted)
+    size = std::max(*predicted, fitted_);
+  else
+    size = failed_ > 0 ? std::max(current_, fitted_) : rows;
+  if (failed_ > 0) size = std::min(size, failed_ - 1);
+  size = std::max(floor_, std::min(size, rows));
+  const std::int64_t count = (rows + size - 1) / size;
+  size = (rows + count - 1) / count;
+  const bool changed = size != current_;
+  current_ = size;
+  probing_ = false;
+  return changed;
 }
 
 std::int64_t MicroBatchPolicy::accumulation(std::int64_t rows) const noexcept {
@@ -113,6 +157,17 @@ std::vector<int> RankMicroBatches::after_success() {
     if (policies_[r].after_success()) probing.push_back(static_cast<int>(r));
   }
   return probing;
+}
+
+std::vector<int> RankMicroBatches::follow_shares(
+    const std::vector<std::int64_t>& rows,
+    const std::vector<std::optional<std::int64_t>>& predicted) {
+  std::vector<int> changed;
+  for (std::size_t r = 0; r < policies_.size() && r < rows.size(); ++r) {
+    if (policies_[r].follow_share(rows[r], r < predicted.size() ? predicted[r] : std::nullopt))
+      changed.push_back(static_cast<int>(r));
+  }
+  return changed;
 }
 
 void RankMicroBatches::start_at(const std::vector<std::int64_t>& sizes,

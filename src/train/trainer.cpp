@@ -96,7 +96,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     const CastCacheScope casts(options.precision);
     // Which rows go together: slices of m rows, or documents under a budget of m tokens.
     data::MicroBatchPlan cut;
-    if (m > 0) cut = data::plan_micro_batches(slab, m);
+    if (m > 0) cut = data::plan_micro_batches(slab, m, width_cost(rank));
     if (probe && cut.pieces.size() > 1) cut.pieces.resize(1);
     for (const data::MicroBatchPiece& piece : cut.pieces) {
       // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
@@ -293,13 +293,16 @@ void Trainer::State::rebalance(const std::vector<std::int64_t>& step_shares,
   const std::vector<double> speeds = speed_window.speeds();
   speed_window.clear();
   if (std::any_of(speeds.begin(), speeds.end(), [](double v) { return !(v > 0); })) return;
-  // Rows: whole rows, each rank at least its micro-batch. Documents: weights of the batch's
-  // tokens (parts of kTokenShares), each rank at least one part; the split keeps a document
-  // per rank.
+  // Rows: whole rows, each rank at least its micro-batch when that is fixed, at least one row
+  // when it is automatic (the micro-batch then follows the share: follow_shares). Documents:
+  // weights of the batch's tokens (parts of kTokenShares), each rank at least one part; the
+  // split keeps a document per rank.
   const std::int64_t total = share_total();
   std::vector<std::int64_t> floors;
   for (int r = 0; r < world; ++r)
-    floors.push_back(documents() ? 1 : std::min(micro_batches->current(r), total / world));
+    floors.push_back(documents() || micro_batches->automatic()
+                         ? 1
+                         : std::min(micro_batches->current(r), total / world));
   const auto next = balanced_shares(total, speeds, floors);
   if (next == shares->shares(step + 1)) return;
   shares->change(step + 1, next);
@@ -394,6 +397,7 @@ TrainResult Trainer::run_steps() {
     const data::Batch slab = prefetcher.next();
     const double data_wait = prefetcher.waited_seconds() - waited_before;
     s.probe_memory(slab);  // before the first step only (--micro-batch-search predict)
+    s.follow_shares();     // --balance throughput: automatic sizes follow changed shares
     if (o.dry_run) {
       s.report_dry_run();
       s.result.steps_done = 0;
@@ -465,7 +469,7 @@ TrainResult Trainer::run_steps() {
     if (s.documents() && s.root) {
       for (int r = 0; r < s.world; ++r) {
         const data::MicroBatchPlan cut =
-            data::plan_documents(split.lengths(s, r), s.micro_batches->current(r));
+            data::plan_documents(split.lengths(s, r), s.micro_batches->current(r), s.width_cost(r));
         step_tokens += cut.tokens;
         step_padded += cut.padded_tokens;
         rank_pieces.push_back(static_cast<std::int64_t>(cut.pieces.size()));
@@ -519,12 +523,17 @@ TrainResult Trainer::run_steps() {
     }
     const std::vector<int> probing =
         s.step < s.total_steps ? s.micro_batches->after_success() : std::vector<int>{};
+    const auto what = [&](int r) {
+      return s.micro_batches->regrowing(r)
+                 ? "tries micro-batch " + std::to_string(s.micro_batches->current(r)) +
+                       " again after " + std::to_string(s.regrow_steps()) +
+                       " clean steps (--micro-batch-regrow)"
+                 : "probes micro-batch " + std::to_string(s.micro_batches->current(r));
+    };
     if (!probing.empty() && !s.micro_batches->per_rank())
-      s.say("probing micro-batch " + std::to_string(s.micro_batches->current(0)) + " at step " +
-            std::to_string(s.step));
+      s.say("every rank " + what(probing.front()) + " at step " + std::to_string(s.step));
     for (int r : s.micro_batches->per_rank() ? probing : std::vector<int>{})
-      s.say("rank " + std::to_string(r) + " probes micro-batch " +
-            std::to_string(s.micro_batches->current(r)) + " at step " + std::to_string(s.step));
+      s.say("rank " + std::to_string(r) + " " + what(r) + " at step " + std::to_string(s.step));
   }
 
   if (!s.result.preempted) {

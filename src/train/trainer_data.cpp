@@ -153,6 +153,7 @@ void Trainer::State::open_data() {
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
     shares = std::make_unique<ShareSchedule>(
         even_shares(schema.documents ? kTokenShares : o.global_batch, world));
+    followed_shares = shares->shares(0);
     if (o.balance && o.micro_batch && *o.micro_batch * world > o.global_batch) {
       throw UsageError("--balance throughput keeps every rank at least its micro-batch, but " +
                        std::to_string(world) + " ranks x --micro-batch " +

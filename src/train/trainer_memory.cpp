@@ -205,10 +205,49 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   micro_batches->start_at(sizes, failed);
   for (auto& line : event.ranks)
     line.used = micro_batches->current(line.rank);
+  if (documents() && !fixed_size) {
+    // The budgets were predicted at the longest document's width: a piece of narrower
+    // documents may take more tokens for the same predicted peak (data::WidthCost).
+    width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
+    for (int r = 0; r < world; ++r) {
+      const auto fit = memory_models[static_cast<std::size_t>(r)].fit();
+      if (fit && fit->per_unit > 0 && fit->per_square > 0)
+        width_costs[static_cast<std::size_t>(r)] =
+            data::WidthCost{fit->per_square / fit->per_unit, size_floor};
+    }
+  }
   event.seconds = seconds_since(start);
   memory::release_cached_memory();
   prediction = event;
   notify([&](StepObserver& o) { o.on_prediction(event); });
+}
+
+// --balance throughput with an automatic micro-batch of rows: when the shares change, each
+// rank's micro-batch follows its share. A slow rank's share may fall below the size it held (it
+// then runs its share whole), and a fast rank's size grows into its larger share as far as its
+// memory model predicts it fits (scope global: the smallest rank's prediction). Without a limit
+// nothing bounds it but an out-of-memory, which halves as ever. Every rank computes every
+// rank's sizes from the same shares and models: no collective.
+void Trainer::State::follow_shares() {
+  if (!options.balance || documents() || !micro_batches->automatic()) return;
+  const std::vector<std::int64_t> now = shares->shares(step);
+  if (now == followed_shares) return;
+  followed_shares = now;
+  const std::int64_t widest = *std::max_element(now.begin(), now.end());
+  std::vector<std::optional<std::int64_t>> predicted(static_cast<std::size_t>(world));
+  for (std::size_t i = 0; i < predicted.size() && i < rank_limits.size(); ++i) {
+    if (rank_limits[i] > 0)
+      predicted[i] = memory_models[i].largest(rank_limits[i], options.memory_margin, widest);
+  }
+  if (!micro_batches->per_rank()) {
+    std::optional<std::int64_t> smallest;
+    for (const auto& p : predicted)
+      if (p) smallest = smallest ? std::min(*smallest, *p) : *p;
+    if (smallest) predicted.assign(predicted.size(), smallest);
+  }
+  if (micro_batches->follow_shares(now, predicted).empty()) return;
+  say("step " + std::to_string(step) + ": micro-batches " + micro_batches->describe() +
+      " follow the rows per rank " + sizes_text(now));
 }
 
 // --dry-run: after the probe, what the user asked for: the largest global batch that runs

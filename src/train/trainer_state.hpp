@@ -119,6 +119,11 @@ struct Trainer::State {
     micro_batches = std::make_unique<RankMicroBatches>(world, size_cap, fixed_size, resumed,
                                                        options.refine_micro_batch,
                                                        options.micro_batch_per_rank, size_floor);
+    micro_batches->set_regrow(regrow_steps());
+  }
+  std::int64_t regrow_steps() const {
+    if (options.micro_batch_regrow >= 0) return options.micro_batch_regrow;
+    return options.predict_micro_batch ? 100 : 0;
   }
   // Memory (trainer_memory.cpp): each rank's limit and memory model, held by every rank and fed
   // by every attempt's agreed measurements.
@@ -130,7 +135,19 @@ struct Trainer::State {
   void learn_memory(const StepOutcome& outcome);
   void probe_memory(const data::Batch& slab);
   std::optional<MemoryPrediction> prediction;  // the probe's, once it ran
+  // Documents, automatic budgets: how each rank's budget is spent across widths, from its memory
+  // model at the probe (data::WidthCost; fixed for the run, so every rank cuts every rank's
+  // pieces alike; none after a resume, which is the conservative cut).
+  std::vector<data::WidthCost> width_costs;
+  data::WidthCost width_cost(int r) const {
+    const auto i = static_cast<std::size_t>(r);
+    return i < width_costs.size() ? width_costs[i] : data::WidthCost{};
+  }
   void report_dry_run();
+  // --balance throughput, rows, automatic micro-batch: each rank's size follows its share, as
+  // far as its memory model says it fits; `followed_shares` is the split they last followed.
+  void follow_shares();
+  std::vector<std::int64_t> followed_shares;
   std::unique_ptr<ShareSchedule> shares;  // every rank's rows of each step's batch
   SpeedWindow speed_window;               // --balance: rows and seconds since the last
   double slow_factor = 1.0;               // --inject-slow on this rank

@@ -140,6 +140,44 @@ class MemoryModel(TempDirTest):
         self.assertLessEqual(size_of(1, 1), 20)
         self.assert_equals_pytorch(2, log, checkpoint, 256, 2)
 
+    def test_a_transient_out_of_memory_regrows_and_a_lasting_one_costs_one_more(self):
+        # Rank 1 runs out above 20 rows at step 1 only (a transient peak), or at every step.
+        # With --micro-batch-regrow 3 every rank tries the predicted size again three clean
+        # steps after the lowering: the transient case goes back to it for good; the lasting
+        # case runs out once more, returns to the size that ran and stays there.
+        for name, injection in (("transient", "rank=1,above=20,step=1"),
+                                ("lasting", "rank=1,above=20")):
+            with self.subTest(name):
+                r, log, checkpoint = self.train(2, f"regrow-{name}", "--global-batch", 256,
+                                                "--steps", 9, "--memory-limit", LIMIT,
+                                                "--micro-batch-regrow", 3,
+                                                "--inject-oom", injection)
+                g, _ = self.memory_rows(log)
+                start = int(g["micro_batch"][0])
+                self.assertGreater(start, 20)
+                size_of, _, _ = um.rank_sizes(log)
+                sizes = [size_of(s, 1) for s in range(9)]
+                with h5py.File(log, "r") as f:
+                    oom = list(zip(f["oom/step"][:], f["oom/micro_batch"][:]))
+                    retries = list(f["steps/oom_retries"][:])
+                small = sizes[-1] if name == "lasting" else sizes[2]
+                self.assertLessEqual(small, 20)
+                if name == "transient":
+                    # Lowered at step 1, clean at 1, 2, 3, tried again at 4: fits from then on.
+                    self.assertEqual(sizes, [start] + [small] * 3 + [start] * 5)
+                    self.assertEqual({step for step, _ in oom}, {1})
+                    self.assertIn(f"every rank tries micro-batch {start} again after 3 clean "
+                                  "steps (--micro-batch-regrow) at step 4", r.stdout)
+                else:
+                    # Lowered at step 0, tried again at step 3: one more out-of-memory, then
+                    # the size that ran for the rest of the run.
+                    self.assertEqual(sizes, [small] * 9)
+                    self.assertEqual({step for step, _ in oom}, {0, 3})
+                    self.assertEqual([m for step, m in oom if step == 3], [start])
+                    self.assertEqual(retries[3], 1)
+                    self.assertEqual(sum(retries[4:]), 0)
+                self.assert_equals_pytorch(2, log, checkpoint, 256, 9)
+
     def test_a_limit_nothing_fits_under_is_one_line_and_exit_3(self):
         for ranks in (1, 2):
             with self.subTest(ranks=ranks):

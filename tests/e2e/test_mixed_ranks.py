@@ -111,6 +111,36 @@ class MixedRanks(TempDirTest):
                     self.assertEqual(f.attrs["balance"], "throughput, every 2 steps")
                 self.assert_equals_pytorch(world, log, checkpoint, 120, 6)
 
+    def test_automatic_micro_batches_follow_the_balanced_shares_and_equal_pytorch(self):
+        # With --micro-batch auto each rank first holds its whole share (60 rows). Balanced, the
+        # slow rank's share falls below that size and the fast rank's size grows into its larger
+        # share: as far as the whole share without a limit (and at 2 MiB, where the memory
+        # model predicts about 120 rows), only to what the model predicts under 1.25 MiB
+        # (about 74 rows: two micro-batches), with no out-of-memory either way.
+        for name, limit in (("none", None), ("roomy", "2MiB"), ("tight", "1.25MiB")):
+            with self.subTest(limit=limit):
+                r, log, checkpoint = self.train(
+                    2, f"follow-{name}", "--global-batch", 120, "--steps", 6,
+                    "--balance", "throughput", "--balance-every", 2,
+                    "--inject-slow", "rank=1,factor=4", "--log-every", 1,
+                    *(["--memory-limit", limit] if limit else []))
+                _, parts, _ = um.rank_sizes(log)
+                self.assertEqual(parts(0), [(0, 60), (60, 120)])
+                rows = [hi - lo for lo, hi in parts(5)]
+                self.assertEqual(sum(rows), 120)
+                self.assertLess(rows[1], 45, rows)
+                sizes = self.final_sizes(log)
+                self.assertEqual(sizes[1], rows[1])  # the slow rank: its share, whole
+                if limit == "1.25MiB":
+                    self.assertLess(sizes[0], rows[0])
+                    self.assertGreaterEqual(sizes[0], rows[0] // 2)
+                else:
+                    self.assertEqual(sizes[0], rows[0])  # grown past 60 into its share
+                self.assertIn("follow the rows per rank", r.stdout)
+                with h5py.File(log, "r") as f:
+                    self.assertEqual(len(f["oom/step"]), 0)
+                self.assert_equals_pytorch(2, log, checkpoint, 120, 6)
+
     def test_resume_on_another_number_of_ranks_continues_the_same_run(self):
         x, y = um.classification_data(240, (8,), 3, seed=9)
         data = um.write_data(self.path("flat.h5"), x, y, classes=3)

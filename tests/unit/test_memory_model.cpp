@@ -138,6 +138,23 @@ TEST(MemoryModel, SameWidthEverywhereFallsBackToTokensAlone) {
   EXPECT_EQ(fit->per_square, 0.0);
 }
 
+TEST(MemoryModel, OnePointPerShapeAtItsHighestPeakAndABoundedHistory) {
+  MemoryModel model;
+  model.set_base(1000000);
+  for (int step = 0; step < 1000; ++step)
+    model.observe({8, 0}, 1000000 + 8 * 100 + (step == 500 ? 80 : 0));
+  EXPECT_EQ(model.observations(), 1u);
+  const auto fit = model.fit();
+  ASSERT_TRUE(fit);
+  EXPECT_NEAR(fit->per_unit, 110.0, 1e-9);  // the line through the highest peak (1000880)
+  // Documents' shapes differ almost every time: the history stays bounded.
+  for (int i = 1; i <= 1000; ++i)
+    model.observe({static_cast<double>(i), static_cast<double>(i) * 7}, 1000000 + 100 * i);
+  EXPECT_EQ(model.observations(), 256u);
+  ASSERT_TRUE(model.fit());
+  EXPECT_NEAR(model.fit()->per_unit + 7 * model.fit()->per_square, 100.0, 1e-6);
+}
+
 TEST(MemoryModel, Describe) {
   const MemoryFit fit{7.7 * (1 << 20), 71.0 * 1024, 0};
   EXPECT_EQ(MemoryModel::describe(fit, "row"), "fixed 7.7 MiB + 71.0 KiB/row");

@@ -74,6 +74,33 @@ TEST(PlanDocuments, SortingByLengthPadsLessThanFileOrder) {
             0.1 * static_cast<double>(sorted.tokens));
 }
 
+TEST(PlanDocuments, AWidthCostLetsNarrowPiecesTakeMoreTokensForTheSameCost) {
+  // 4 documents of 256 tokens, then 40 of 32. Budget 1024 tokens, predicted at width 256.
+  std::vector<std::int64_t> lengths(4, 256);
+  lengths.insert(lengths.end(), 40, 32);
+  const auto plain = plan_documents(lengths, 1024);
+  const double ratio = 1.0 / 64;  // a token at width 256 costs 5x, at width 32 1.5x
+  const auto weighed = plan_documents(lengths, 1024, WidthCost{ratio, 256});
+  // The wide documents cut alike; the narrow ones 32 per piece by tokens alone, and 3.33x as
+  // many tokens (5 / 1.5) by cost: 40 of them in one piece of 1280 tokens.
+  ASSERT_EQ(plain.pieces.size(), 3u);
+  EXPECT_EQ(plain.pieces[1].count, 32);
+  ASSERT_EQ(weighed.pieces.size(), 2u);
+  EXPECT_EQ(weighed.pieces[0].count, 4);
+  EXPECT_EQ(weighed.pieces[1].count, 40);
+  EXPECT_EQ(weighed.tokens, plain.tokens);
+  const double allowed = 1024 * (1 + ratio * 256);
+  for (const auto& piece : weighed.pieces) {
+    const auto w = static_cast<double>(piece.width);
+    EXPECT_LE(static_cast<double>(piece.count) * w * (1 + ratio * w), allowed);
+  }
+  // No ratio: the padded-token budget exactly as before.
+  const auto zero = plan_documents(lengths, 1024, WidthCost{0.0, 256});
+  ASSERT_EQ(zero.pieces.size(), plain.pieces.size());
+  for (std::size_t i = 0; i < zero.pieces.size(); ++i)
+    EXPECT_EQ(zero.pieces[i].documents, plain.pieces[i].documents);
+}
+
 TEST(TokenBalancedOffsets, ContiguousNonEmptyAndNearEqual) {
   for (std::uint32_t seed = 0; seed < 30; ++seed) {
     const auto lengths = random_lengths(4 + seed, seed + 100);

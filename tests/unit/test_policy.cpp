@@ -95,6 +95,84 @@ TEST(MicroBatchPolicy, RefineWithHalvingWhenAFittedSizeStopsFitting) {
   EXPECT_GE(after.back() + std::max<std::int64_t>(1, after.back() / 16), 40);
 }
 
+TEST(MicroBatchPolicy, FollowShareGrowsToTheShareWhileNothingRanOut) {
+  MicroBatchPolicy p(256, std::nullopt);
+  EXPECT_TRUE(p.follow_share(384, std::nullopt));  // no limit, no OOM: the whole share
+  EXPECT_EQ(p.current(), 384);
+  EXPECT_EQ(p.accumulation(384), 1);
+  EXPECT_TRUE(p.follow_share(128, std::nullopt));  // a share below the size: runs it whole
+  EXPECT_EQ(p.current(), 128);
+  EXPECT_FALSE(p.follow_share(128, std::nullopt));
+}
+
+TEST(MicroBatchPolicy, FollowShareStaysWithinAPredictionAndBelowAFailure) {
+  MicroBatchPolicy p(256, std::nullopt);
+  // Predicted 300 fits in a share of 384: two micro-batches, evened out to 192.
+  EXPECT_TRUE(p.follow_share(384, 300));
+  EXPECT_EQ(p.current(), 192);
+  // An out-of-memory at 192 halves to 96; 96 completes. Without a prediction the size no longer
+  // grows beyond what ran; with one, never to the size that failed.
+  ASSERT_EQ(p.after_oom(), 96);
+  EXPECT_FALSE(p.after_success());
+  p.follow_share(400, std::nullopt);
+  EXPECT_EQ(p.current(), 80);  // at most 96, evened out: 400 = 5 x 80
+  p.follow_share(400, 250);
+  EXPECT_EQ(p.current(), 134);  // below 192: 191 -> three micro-batches of 134 (400 = 3 x 134 - 2)
+  // A fixed size never follows.
+  MicroBatchPolicy fixed(256, 64);
+  EXPECT_FALSE(fixed.follow_share(384, std::nullopt));
+  EXPECT_EQ(fixed.current(), 64);
+}
+
+TEST(MicroBatchPolicy, RegrowTriesTheSizeBeforeOnceAfterCleanSteps) {
+  // A transient peak: 64 runs out once, 32 runs three clean steps, 64 is tried again and fits.
+  MicroBatchPolicy transient(64, std::nullopt);
+  transient.set_regrow(3);
+  ASSERT_EQ(transient.after_oom(), 32);
+  EXPECT_FALSE(transient.after_success());
+  EXPECT_FALSE(transient.after_success());
+  EXPECT_TRUE(transient.after_success());
+  EXPECT_EQ(transient.current(), 64);
+  EXPECT_TRUE(transient.regrowing());
+  for (int step = 0; step < 10; ++step)
+    EXPECT_FALSE(transient.after_success());
+  EXPECT_EQ(transient.current(), 64);
+  EXPECT_FALSE(transient.regrowing());
+
+  // A lasting limit: the second try at 64 runs out, back to 32 for good (one more OOM).
+  MicroBatchPolicy lasting(64, std::nullopt);
+  lasting.set_regrow(3);
+  ASSERT_EQ(lasting.after_oom(), 32);
+  for (int step = 0; step < 2; ++step)
+    lasting.after_success();
+  ASSERT_TRUE(lasting.after_success());
+  ASSERT_EQ(lasting.after_oom(), 32);
+  EXPECT_FALSE(lasting.regrowing());
+  for (int step = 0; step < 10; ++step)
+    EXPECT_FALSE(lasting.after_success());
+  EXPECT_EQ(lasting.current(), 32);
+  // A later lowering is a new one: 32 runs out, 16 runs, 32 is tried once more.
+  ASSERT_EQ(lasting.after_oom(), 16);
+  for (int step = 0; step < 2; ++step)
+    lasting.after_success();
+  EXPECT_TRUE(lasting.after_success());
+  EXPECT_EQ(lasting.current(), 32);
+
+  // Off (0), and never for a fixed size.
+  MicroBatchPolicy off(64, std::nullopt);
+  ASSERT_EQ(off.after_oom(), 32);
+  for (int step = 0; step < 200; ++step)
+    EXPECT_FALSE(off.after_success());
+}
+
+TEST(RankMicroBatches, FollowSharesReportsTheRanksThatChanged) {
+  RankMicroBatches sizes(2, 256, std::nullopt, {}, false, false);
+  EXPECT_EQ(sizes.follow_shares({384, 128}, {std::nullopt, std::nullopt}),
+            (std::vector<int>{0, 1}));
+  EXPECT_EQ(sizes.sizes(), (std::vector<std::int64_t>{384, 128}));
+  EXPECT_EQ(sizes.follow_shares({384, 128}, {std::nullopt, std::nullopt}), std::vector<int>{});
+}
+
 TEST(Schedule, WarmupThenCosine) {
   Schedule s = make_schedule(1.0, 4, 14, "cosine");
   EXPECT_DOUBLE_EQ(s.lr(0), 0.25);

@@ -27,17 +27,31 @@ struct MicroBatchPlan {
   std::int64_t padded_tokens = 0;  // documents: what the model processes (rows x width summed)
 };
 
+// How a token budget is spent across widths. A piece of c documents at width w costs
+// c x w x (1 + ratio x w) and fits while that is at most budget x (1 + ratio x reference): the
+// cost of the budget at the reference width, the longest document, where the budget was
+// predicted to fit. `ratio` is a memory model's bytes per row x width^2 over its bytes per padded
+// token (attention's scores make a wide token dearer than a narrow one), so a piece of short
+// documents takes more tokens than the budget and never more memory than the budget at the
+// reference width. 0 (the default): every padded token costs the same.
+struct WidthCost {
+  double ratio = 0;
+  std::int64_t reference = 0;
+};
+
 // Row data: ceil(rows / size) consecutive slices of `size` rows (the last may be shorter).
 MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size);
 
 // Documents of these lengths under a budget of `budget` padded tokens: ordered longest first
 // (ties in slab order), each piece takes the next documents while (count x its first, longest
-// document) <= budget, and at least one. A document longer than the budget goes alone.
-MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget);
+// document) <= budget (weighed by `cost`), and at least one. A document longer than the budget
+// goes alone.
+MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
+                              WidthCost cost = {});
 
 // The plan for a slab read by SlabReader: rows, or its documents' lengths; `size` is rows or a
-// token budget.
-MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size);
+// token budget (`cost`: documents only).
+MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost = {});
 
 // The fields of one piece, in the slab's order (inputs, then the target). Rows: views of the
 // slab. Documents: token ids int64 [m, width] padded on the right with 0, then (--inputs

@@ -57,7 +57,7 @@ class MemoryModel {
                                       double width = 0) const;
   // The smallest size that ran out of memory (units), 0 when none did.
   double failed_units() const noexcept { return failed_units_; }
-  std::size_t observations() const noexcept { return points_.size(); }
+  std::size_t observations() const noexcept { return points_.size(); }  // distinct shapes
   // "fixed 7.7 MiB + 71.0 KiB/row" (+ " + 12 B/row x width^2" for documents).
   static std::string describe(const MemoryFit& fit, const std::string& unit);
 
@@ -66,7 +66,8 @@ class MemoryModel {
     MicroBatchShape shape;
     double peak = 0;
   };
-  std::vector<Point> points_;
+  static constexpr std::size_t kMaxPoints = 256;
+  std::vector<Point> points_;  // one per shape, the latest kMaxPoints
   double failed_units_ = 0;
   double base_ = 0;  // 0: unknown
 };

@@ -35,9 +35,21 @@ class MicroBatchPolicy {
   // the next step; returns true when it did.
   bool after_success();
   bool probing() const noexcept { return probing_; }  // current() is an untried size
+  // --micro-batch-regrow N (0: off): N clean steps after an out-of-memory lowered the size, try
+  // once more the size it held before (a transient peak, such as one long batch, should not
+  // cost the rest of the run). If that runs out again, back to the size that ran, and no more
+  // regrowing to it: at most one more out-of-memory per lowering.
+  void set_regrow(std::int64_t steps) noexcept { regrow_steps_ = steps; }
+  bool regrowing() const noexcept { return regrowing_; }  // current() is a regrow attempt
   // Automatic mode: continue at `size` (a memory model's prediction, kept within the floor and
   // the per-rank rows); `failed`, when not 0, is a size known not to fit (refine stays below it).
   void start_at(std::int64_t size, std::int64_t failed = 0);
+  // Automatic mode, --balance throughput: the rank's share is now `rows` (its new cap). The size
+  // becomes the largest known to fit within the share: `predicted` (a memory model's prediction,
+  // at most `rows`) or the largest size that completed, whichever is larger; without a
+  // prediction, the whole share while nothing ran out, else no larger than now. Evened out over
+  // the micro-batches it needs (384 rows at 300 run as 2 x 192). Returns true when it changed.
+  bool follow_share(std::int64_t rows, std::optional<std::int64_t> predicted);
   // Micro-batches needed for `rows` rows: ceil(rows / current()).
   std::int64_t accumulation(std::int64_t rows) const noexcept;
 
@@ -48,8 +60,12 @@ class MicroBatchPolicy {
   bool probing_ = false;
   std::int64_t per_rank_rows_ = 1;
   std::int64_t floor_ = 1;
-  std::int64_t fitted_ = 0;  // the largest size that completed a step (0: none yet)
-  std::int64_t failed_ = 0;  // the smallest size that ran out of memory (0: none yet)
+  std::int64_t fitted_ = 0;        // the largest size that completed a step (0: none yet)
+  std::int64_t failed_ = 0;        // the smallest size that ran out of memory (0: none yet)
+  std::int64_t regrow_steps_ = 0;  // --micro-batch-regrow (0: off)
+  std::int64_t regrow_to_ = 0;     // the size held before the last lowering (0: none)
+  std::int64_t clean_steps_ = 0;   // steps completed since the last out-of-memory
+  bool regrowing_ = false;
 };
 
 // Every rank's micro-batch, held by every rank: one MicroBatchPolicy per rank, all driven by the
@@ -74,6 +90,13 @@ class RankMicroBatches {
   bool automatic() const noexcept { return policies_.front().automatic(); }
   bool per_rank() const noexcept { return per_rank_; }
   bool probing(int rank) const { return policies_.at(static_cast<std::size_t>(rank)).probing(); }
+  bool regrowing(int rank) const {
+    return policies_.at(static_cast<std::size_t>(rank)).regrowing();
+  }
+  void set_regrow(std::int64_t steps) {
+    for (auto& p : policies_)
+      p.set_regrow(steps);
+  }
   std::int64_t accumulation(int rank, std::int64_t rows) const {
     return policies_.at(static_cast<std::size_t>(rank)).accumulation(rows);
   }
@@ -85,6 +108,10 @@ class RankMicroBatches {
   std::vector<int> after_success();
   // "64" when every rank has the same size, else "64, 32, 64" (rank order).
   std::string describe() const;
+  // Automatic mode: every rank's size follows its share (MicroBatchPolicy::follow_share);
+  // `predicted` holds one entry per rank. Returns the ranks whose size changed.
+  std::vector<int> follow_shares(const std::vector<std::int64_t>& rows,
+                                 const std::vector<std::optional<std::int64_t>>& predicted);
   // Automatic mode: every rank continues at its size in `sizes` (MicroBatchPolicy::start_at).
   void start_at(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& failed);
 
