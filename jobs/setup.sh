@@ -14,7 +14,7 @@ packages=(
   libboost-program-options-dev
   libgtest-dev googletest libbenchmark-dev
   zlib1g-dev
-  python3 python3-h5py python3-torch python3-torchvision python3-numpy python3-matplotlib
+  python3 python3-venv python3-h5py python3-torch python3-torchvision python3-numpy python3-matplotlib
   slurmctld slurmd slurm-client munge iproute2
   dataset-fashion-mnist fortunes
 )
