@@ -19,7 +19,7 @@
 #   itself loads): CUDA_cudart_LIBRARY and NCCL_LIBRARY point at them, never at a second copy.
 # The build lives in build-cuda/ with warnings as errors (AUTOACCUM_WITH_CUDA=ON, NCCL=ON); ccache
 # is shared with the other builds. Tests: every unit and MPI test and the end-to-end modules in
-# E2E below (the long cluster, Slurm and Fashion-MNIST runs stay on the Debian platforms); with
+# E2E below; with
 # no GPU the GPU-only tests show as skipped. The tests' Python is the environment's (torch 2.11,
 # torchvision, numpy, h5py: `requirements` below); scripts that the tests run by path
 # (jobs/models/gpt.py, jobs/plot-run.py) keep Debian's /usr/bin/python3.
@@ -100,8 +100,11 @@ if grep -E "libcudart|libnccl" <<<"$loaded" | grep -v "$site" | grep -q .; then
 fi
 "$binary" --version
 
+# Every module's unit and MPI tests; end to end, what touches the model, the data, memory and
+# the collectives (train's and run_log's CLI and log checks, Slurm, the simulated nodes and
+# Fashion-MNIST stay on the two Debian platforms, for CI's time).
 E2E="cli|data|faults|torchscript|precision|token_loss|resume|mixed_ranks|memory_model"
-E2E+="|documents|user_models|outputs|watchdog|language_model|train|run_log"
+E2E+="|documents|user_models|outputs|watchdog|language_model"
 args=("$@")
 ((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.)")
 ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"

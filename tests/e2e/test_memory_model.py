@@ -285,10 +285,12 @@ class TorchvisionResNet(TempDirTest):
                                        parts=parts)
         # Relative to the update, over all 11.2M parameters: AdamW divides by the root of the
         # second moment, so elements whose gradient is near zero differ by up to lr x rounding
-        # (33 of conv1's 9408 by 1e-4 on Debian 13); a wrong micro-batch would be ~1e-1.
+        # (33 of conv1's 9408 by 1e-4 on Debian 13; below 1e-3 overall on LibTorch 1.13 and
+        # 2.6, 4.6e-3 on the CUDA wheel's 2.11, whose CPU convolutions round differently with
+        # the reference's thread count); a wrong micro-batch would be ~1e-1.
         initial = {n: p.detach().numpy() for n, p in torch.jit.load(self.model).named_parameters()}
         params = um.checkpoint_tensors(checkpoint)[0]
-        self.assertLess(um.update_distance(params, reference, initial), 1e-3)
+        self.assertLess(um.update_distance(params, reference, initial), 1e-2)
 
 
 class TokenBudgets(TempDirTest):
