@@ -19,8 +19,7 @@
 #   itself loads): CUDA_cudart_LIBRARY and NCCL_LIBRARY point at them, never at a second copy.
 # The build lives in build-cuda/ with warnings as errors (AUTOACCUM_WITH_CUDA=ON, NCCL=ON); ccache
 # is shared with the other builds. Tests: every unit and MPI test and the end-to-end modules in
-# E2E below; with
-# no GPU the GPU-only tests show as skipped. The tests' Python is the environment's (torch 2.11,
+# E2E below; with no GPU the GPU-only tests show as skipped. The tests' Python is the environment's (torch 2.11,
 # torchvision, numpy, h5py: `requirements` below); scripts that the tests run by path
 # (jobs/models/gpt.py, jobs/plot-run.py) keep Debian's /usr/bin/python3.
 set -euo pipefail
