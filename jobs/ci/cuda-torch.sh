@@ -85,7 +85,8 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DAUTOACCUM_WARNINGS_AS_ERRORS
   -DNCCL_INCLUDE_DIR="$nccl/include" -DNCCL_LIBRARY="$nccl/lib/libnccl.so.2" >"$build.configure.log" 2>&1 ||
   { tail -30 "$build.configure.log"; say "configure failed" >&2; exit 1; }
 grep -E "^-- (autoaccum|NCCL|Found Torch)" "$build.configure.log"
-grep -q "Found Torch: $torch_dir/lib/libtorch.so" "$build.configure.log" ||
+# The cache, not the log: a second configure of the same build prints no "Found Torch".
+grep -qx "TORCH_LIBRARY:FILEPATH=$torch_dir/lib/libtorch.so" "$build/CMakeCache.txt" ||
   { say "CMake did not take the wheel's LibTorch" >&2; exit 1; }
 cmake --build "$build" -j "$jobs"
 

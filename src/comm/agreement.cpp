@@ -21,8 +21,9 @@ std::optional<RankFailure> agree_on_failure(Communicator& comm, const std::strin
 
 void throw_collective(const Communicator& comm, const RankFailure& failure) {
   std::string message = failure.message;
+  const std::string who = "rank " + std::to_string(failure.rank) + ": ";
   if (failure.ranks_failed < comm.size()) {
-    message = "rank " + std::to_string(failure.rank) + ": " + message;
+    if (message.compare(0, who.size(), who) != 0) message = who + message;
     if (failure.ranks_failed > 1) {
       message += " (and " + std::to_string(failure.ranks_failed - 1) + " other rank(s))";
     }

@@ -1,7 +1,9 @@
 // NcclCommunicator: NCCL bootstrapped over MPI; never blocks forever on a collective.
 #include "autoaccum/comm/nccl_communicator.hpp"
 
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/comm/watchdog.hpp"
@@ -15,7 +17,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <thread>
 #include <vector>
 #endif
 
@@ -30,7 +31,6 @@ struct NcclCommunicator::Impl {
   cudaEvent_t produced = nullptr;         // recorded on the compute stream before a collective
   cudaEvent_t reduced = nullptr;          // recorded on NCCL's stream after it
   int device = -1;
-  std::chrono::milliseconds timeout{0};
   bool aborted = false;
 
   void abort() noexcept {
@@ -80,18 +80,17 @@ void release_cuda_handles(NcclCommunicator::Impl& impl) noexcept {
                   detail);
 }
 
-// Waits until `done()` or NCCL reports an error; aborts the communicator past the deadline so a
-// peer that died cannot leave this rank waiting forever. With --collective-timeout the watchdog's
-// thread (armed by the caller) ends the job first, naming the missing ranks; this deadline, the
-// timeout plus the thread's grace period and 10 s, is the fallback. Without it, the
-// constructor's timeout applies.
+// Waits until `done()` or NCCL reports an error; aborts the communicator past
+// nccl_wait_limit (none with --collective-timeout 0), so a peer that died cannot leave this rank
+// waiting forever. The watchdog's thread, armed by the caller, ends the job first and names the
+// missing ranks; this deadline is the fallback. Polls back off (PollBackoff), so a long
+// all-reduce does not take a core from the prefetch thread.
 template <class Done>
 void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done done) {
   const Watchdog& dog = watchdog();
-  const std::chrono::milliseconds timeout =
-      dog.enabled() ? dog.timeout() + grace_period(dog.timeout()) + std::chrono::seconds(10)
-                    : impl.timeout;
+  const std::optional<std::chrono::milliseconds> limit = nccl_wait_limit(dog);
   const auto start = std::chrono::steady_clock::now();
+  PollBackoff backoff;
   for (;;) {
     if (done()) return;
     ncclResult_t state = ncclSuccess;
@@ -99,26 +98,24 @@ void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done don
     if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
       throw_nccl_failure(impl, what, rank, query != ncclSuccess ? query : state);
     }
-    if (std::chrono::steady_clock::now() - start > timeout) {
+    if (limit && std::chrono::steady_clock::now() - start > *limit) {
       impl.abort();
       TimeoutReport report;
       report.collective = what;
-      report.timeout = timeout;
+      report.timeout = *limit;
       report.context = dog.context();
       throw CollectiveTimeout("rank " + std::to_string(rank) + ": " + describe_timeout(report) +
                                   "; the NCCL communicator was aborted",
                               /*reporter=*/true);
     }
-    std::this_thread::yield();
+    backoff.pause();
   }
 }
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
-                                   std::chrono::milliseconds timeout)
+NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control)
     : control_(std::move(control)), impl_(std::make_unique<Impl>()) {
-  impl_->timeout = timeout;
   const int rank = control_->rank();
 
   // Every rank must have its own GPU; agree before any NCCL call so all ranks fail together.
@@ -196,31 +193,28 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
                     failure->message);
   }
 
-  // Non-blocking initialisation, so the wait below can time out instead of hanging.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  std::string init_problem;
-  const ncclResult_t started =
-      ncclCommInitRankConfig(&impl_->comm, control_->size(), bootstrap.id, rank, &config);
-  if (started != ncclSuccess && started != ncclInProgress) {
-    init_problem = "ncclCommInitRankConfig failed: " + nccl_text(started);
-  } else {
-    try {
+  // Non-blocking initialisation, so the wait below can time out instead of hanging. Whatever
+  // fails here (an NCCL error, NCCL out of memory, the wait's deadline) every rank learns in one
+  // agreement and throws together, with the failing rank's message and exit code, printed once.
+  try {
+    collectively(*control_, [&] {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t started =
+          ncclCommInitRankConfig(&impl_->comm, control_->size(), bootstrap.id, rank, &config);
+      if (started != ncclSuccess && started != ncclInProgress)
+        throw_nccl_failure(*impl_, "ncclCommInitRankConfig", rank, started);
       wait_for(*impl_, "ncclCommInitRank", rank, [&] {
         ncclResult_t state = ncclInProgress;
         ncclCommGetAsyncError(impl_->comm, &state);
         return state == ncclSuccess;
       });
-    } catch (const CommError& e) {
-      init_problem = e.what();
-    }
-  }
-  if (auto failure = agree_on_failure(*control_, init_problem)) {
+    });
+  } catch (...) {
     impl_->abort();
     impl_->comm = nullptr;
     release_cuda_handles(*impl_);
-    throw CommError("NCCL communicator initialisation failed on rank " +
-                    std::to_string(failure->rank) + ": " + failure->message);
+    throw;
   }
 }
 
@@ -232,8 +226,31 @@ NcclCommunicator::~NcclCommunicator() {
       // never join a clean destruction, and spmd_main's MPI_Abort must not wait behind it.
       impl_->abort();
     } else {
-      if (cudaSetDevice(impl_->device) == cudaSuccess) cudaStreamSynchronize(impl_->stream);
-      ncclCommDestroy(impl_->comm);
+      // A clean end: a non-blocking communicator finishes its work in ncclCommFinalize, which
+      // may answer ncclInProgress; it is polled with the collectives' deadline, and a
+      // communicator that does not finish (or fails to) is aborted instead of destroyed.
+      bool finished = cudaSetDevice(impl_->device) == cudaSuccess &&
+                      cudaStreamSynchronize(impl_->stream) == cudaSuccess;
+      if (finished) {
+        const ncclResult_t started = ncclCommFinalize(impl_->comm);
+        finished = started == ncclSuccess || started == ncclInProgress;
+        const std::optional<std::chrono::milliseconds> limit = nccl_wait_limit(watchdog());
+        const auto start = std::chrono::steady_clock::now();
+        PollBackoff backoff;
+        while (finished) {
+          ncclResult_t state = ncclInProgress;
+          if (ncclCommGetAsyncError(impl_->comm, &state) != ncclSuccess) finished = false;
+          if (state == ncclSuccess) break;
+          if (state != ncclInProgress) finished = false;
+          if (limit && std::chrono::steady_clock::now() - start > *limit) finished = false;
+          backoff.pause();
+        }
+      }
+      cudaGetLastError();
+      if (finished)
+        ncclCommDestroy(impl_->comm);
+      else
+        impl_->abort();
     }
   }
   release_cuda_handles(*impl_);
@@ -340,8 +357,7 @@ int cuda_device_count() noexcept {
 
 struct NcclCommunicator::Impl {};
 
-NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
-                                   std::chrono::milliseconds)
+NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control)
     : control_(std::move(control)) {
   throw BackendUnavailable(
       "NCCL backend unavailable: this autoaccum was built without NCCL (configure with the CUDA "
@@ -370,6 +386,28 @@ int cuda_device_count() noexcept {
 }
 
 #endif
+
+std::optional<std::chrono::milliseconds> nccl_wait_limit(const Watchdog& dog) {
+  if (!dog.enabled()) return std::nullopt;
+  return dog.timeout() + grace_period(dog.timeout()) + std::chrono::seconds(10);
+}
+
+void PollBackoff::pause() {
+  const std::chrono::microseconds wait = next();
+  if (wait.count() == 0)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(wait);
+}
+
+std::chrono::microseconds PollBackoff::next() noexcept {
+  if (polls_ < kSpinPolls) {
+    ++polls_;
+    return std::chrono::microseconds(0);
+  }
+  pause_ = pause_.count() == 0 ? kFirstPause : std::min(pause_ * 2, kLongestPause);
+  return pause_;
+}
 
 // The control plane is MPI in both builds.
 void NcclCommunicator::allreduce_max(std::int64_t* values, std::size_t count) {

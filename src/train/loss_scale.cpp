@@ -1,6 +1,8 @@
 // LossScale and the --inject-overflow drill's parser.
 #include "autoaccum/train/loss_scale.hpp"
 
+#include <algorithm>
+
 #include "autoaccum/core/drill.hpp"
 
 namespace autoaccum::train {
@@ -8,10 +10,17 @@ namespace autoaccum::train {
 LossScale::LossScale(bool enabled, double initial, std::int64_t growth_interval)
     : enabled_(enabled), value_(enabled ? initial : 1.0), growth_interval_(growth_interval) {}
 
+double LossScale::initial_for(double count) {
+  double scale = kMaximum;
+  while (scale > 1.0 && scale * std::max(count, 1.0) > kInitial)
+    scale *= 0.5;
+  return scale;
+}
+
 void LossScale::after_clean_step() {
   if (!enabled_) return;
   if (++clean_steps_ >= growth_interval_) {
-    value_ *= 2.0;
+    value_ = std::min(value_ * 2.0, std::max(kMaximum, value_));
     clean_steps_ = 0;
   }
 }

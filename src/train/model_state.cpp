@@ -114,10 +114,18 @@ std::string ModelState::generator_state() const {
   return bytes;
 }
 
-void ModelState::set_generator_state(const std::string& bytes) {
+std::size_t ModelState::set_generator_state(const std::string& bytes, std::uint64_t fallback_seed) {
   std::size_t at = 0;
+  std::size_t set = 0;
   for (const auto& device : generator_devices_) {
     std::uint64_t size = 0;
+    if (at == bytes.size() && set > 0) {
+      // Written where this device was not in use (the CPU's stream alone): a fresh stream.
+      auto generator = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_current_seed(fallback_seed);
+      continue;
+    }
     if (at + sizeof size > bytes.size())
       throw InputError("the checkpoint's random-number state is too short for this run");
     std::memcpy(&size, bytes.data() + at, sizeof size);
@@ -134,13 +142,18 @@ void ModelState::set_generator_state(const std::string& bytes) {
     } catch (const c10::Error& e) {
       throw InputError("the checkpoint's random-number state does not fit this device's generator");
     }
+    ++set;
   }
+  return set;
+}
+
+std::uint64_t rank_seed(std::uint64_t seed, int rank) noexcept {
+  std::uint64_t state = seed ^ (0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(rank + 1));
+  return splitmix64(state);
 }
 
 void seed_generators_for_rank(std::uint64_t seed, int rank) {
-  std::uint64_t state = seed ^ (0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(rank + 1));
-  const std::uint64_t derived = splitmix64(state);
-  at::manual_seed(derived);  // the CPU's generator and every GPU's
+  at::manual_seed(rank_seed(seed, rank));  // the CPU's generator and every GPU's
 }
 
 }  // namespace autoaccum::train

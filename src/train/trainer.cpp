@@ -154,6 +154,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
       local_weight = local_weight.defined() ? local_weight + weight_term : weight_term;
       if (slow_factor != 1.0) {
         // --inject-slow: as if this rank's hardware were `slow_factor` times slower per row.
+        // On a GPU the time is the device's work, not its launches.
+        if (context.use_cuda) memory::synchronize_device();
         std::this_thread::sleep_for(
             std::chrono::duration<double>((slow_factor - 1.0) * seconds_since(micro_start)));
       }
@@ -179,6 +181,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     local_weight = at::Tensor();
     peak_shape = shape;
   }
+  // --balance splits by the time each rank computed: on a GPU, the kernels' time, not their
+  // launches' (one wait per step, only when balancing).
+  if (context.use_cuda && options.balance && !out_of_memory) memory::synchronize_device();
   RankReport report{out_of_memory,
                     out_of_memory ? phase : AttemptPhase::kNone,
                     std::max(attempt_peak, memory::peak_bytes()),

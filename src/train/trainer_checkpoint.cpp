@@ -185,7 +185,10 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   if (problem.empty()) {
     if (static_cast<int>(c.generator_states.size()) == world) {
       try {
-        model_state->set_generator_state(c.generator_states[static_cast<std::size_t>(rank)]);
+        // A checkpoint written on the CPU holds no GPU stream: the GPU's starts afresh.
+        model_state->set_generator_state(
+            c.generator_states[static_cast<std::size_t>(rank)],
+            rank_seed(options.seed ^ static_cast<std::uint64_t>(c.step), rank));
       } catch (const Error& e) {
         problem = "'" + options.checkpoint + "': " + e.what();
       }

@@ -111,6 +111,7 @@ void Trainer::State::setup() {
   });
   take_outputs();  // before anything is written, so a second job on them is refused at once
   open_data();
+  start_loss_scale();
   build_model();
   trial();
   allocate_step_state();
@@ -118,6 +119,29 @@ void Trainer::State::setup() {
   resume();
   open_observers();
   announce();
+}
+
+void Trainer::State::start_loss_scale() {
+  if (!loss_scale.enabled()) return;
+  // What one rank's share of a step counts in the summed loss: its tokens for documents, its
+  // rows times the target's elements per row otherwise (a token per position for a language
+  // model's rows, one for a class label). Every rank computes the same from the options.
+  const data::DataSchema& schema = reader->schema();
+  double count = 0;
+  if (schema.documents) {
+    const double mean_length = static_cast<double>(schema.tokens) /
+                               static_cast<double>(std::max<std::size_t>(schema.lengths.size(), 1));
+    count = (options.global_batch_tokens > 0
+                 ? static_cast<double>(options.global_batch_tokens)
+                 : static_cast<double>(options.global_batch) * mean_length) /
+            world;
+  } else {
+    double per_row = 1;
+    for (const std::int64_t extent : schema.target().row_shape)
+      per_row *= static_cast<double>(std::max<std::int64_t>(extent, 1));
+    count = static_cast<double>(options.global_batch) / world * per_row;
+  }
+  loss_scale = LossScale(true, LossScale::initial_for(count));
 }
 
 void Trainer::State::choose_device() {

@@ -173,6 +173,7 @@ struct Trainer::State {
   // Setup, in order; each piece is collective and leaves every rank agreeing.
   void setup();
   void choose_device();
+  void start_loss_scale();  // fp16: the scale's start from what a rank's share counts
   void open_data();
   void choose_token_budgets();
   void build_model();

@@ -176,15 +176,16 @@ class Precision(TempDirTest):
         r, log, checkpoint = self.train(2, model, "fp16", "--global-batch", 128, "--steps", 4,
                                         "--precision", "fp16", "--micro-batch", 24,
                                         "--inject-overflow", "rank=1,step=1", env=env)
-        self.assertIn("fp16 loss scale 65536", r.stdout)
-        self.assertEqual(r.stdout.count("fp16 gradients overflowed at loss scale 65536; every rank "
-                                        "skips the step and continues at 32768"), 1, r.stdout)
+        # The loss sums 64 rows per rank: the scale starts at 2^16 / 64.
+        self.assertIn("fp16 loss scale 1024", r.stdout)
+        self.assertEqual(r.stdout.count("fp16 gradients overflowed at loss scale 1024; every rank "
+                                        "skips the step and continues at 512"), 1, r.stdout)
         with h5py.File(log, "r") as f:
             self.assertEqual(text(f.attrs["precision"]), "fp16")
-            self.assertEqual(list(f["steps/loss_scale"][:]), [65536, 65536, 32768, 32768])
+            self.assertEqual(list(f["steps/loss_scale"][:]), [1024, 1024, 512, 512])
             self.assertEqual(list(f["steps/skipped"][:]), [0, 1, 0, 0])
         with h5py.File(checkpoint, "r") as f:
-            self.assertEqual(float(f.attrs["loss_scale"]), 32768)
+            self.assertEqual(float(f.attrs["loss_scale"]), 512)
         reference = um.reference_steps(model, self.x, self.y, 2, 24, 128, 4, 0.1,
                                        autocast=torch.bfloat16, skip_steps={1})
         params = um.checkpoint_tensors(checkpoint)[0]
@@ -194,7 +195,7 @@ class Precision(TempDirTest):
                                      autocast=torch.bfloat16)
         self.assertGreater(um.update_distance(params, applied, initial), APART)
         summary = autoaccum(1, "log", log).stdout
-        self.assertIn("loss scale 65536 at step 0, 32768 at step 3 (1 step(s) skipped", summary)
+        self.assertIn("loss scale 1024 at step 0, 512 at step 3 (1 step(s) skipped", summary)
 
     def test_fp16_loss_scale_survives_a_resume(self):
         env = {"AUTOACCUM_FP16_ON_CPU": "1"}
@@ -204,8 +205,49 @@ class Precision(TempDirTest):
                    "rank=0,step=1", env=env)
         r, log, _ = self.train(2, model, "fp16r", *common, "--steps", 4, "--resume", env=env)
         with h5py.File(log, "r") as f:
-            self.assertEqual(list(f["steps/loss_scale"][:]), [65536, 65536, 32768, 32768])
+            self.assertEqual(list(f["steps/loss_scale"][:]), [1024, 1024, 512, 512])
             self.assertEqual(list(f["steps/skipped"][:]), [0, 1, 0, 0])
+
+    def test_fp16_scale_of_a_summed_token_loss_keeps_a_large_vocabulary_in_fp16_range(self):
+        # A language model's loss sums every token: at 2^16 (PyTorch's start for a mean loss) a
+        # target the model gives p < 5e-4 has a logit gradient of 65536 (1 - p) > 65504, fp16's
+        # largest value, so step 0 overflowed whatever the data, and so did every growth back
+        # to 2^16. The scale now starts at 2^16 over the tokens a rank's share counts. Checked
+        # against PyTorch's fp32 gradients of the same micro-batch: scaled, they fit in fp16.
+        env = {"AUTOACCUM_FP16_ON_CPU": "1"}
+        vocab, context, rows = 4096, 8, 64
+        gen = torch.Generator().manual_seed(3)
+        tokens = torch.randint(0, vocab, (rows, context + 1), generator=gen)
+        x, y = tokens[:, :-1].numpy(), tokens[:, 1:].numpy()
+        data = self.path("tokens.h5")
+        with h5py.File(data, "w") as f:
+            f["x"], f["y"] = x, y
+            f["y"].attrs["num_classes"] = vocab
+        model = um.save_scripted(um.TokenLm(vocab, 16), self.path("lm16.pt"))
+        log = self.path("lm16.h5")
+        r = autoaccum(2, "train", "--data", data, "--model-file", model, "--global-batch", 16,
+                      "--steps", 3, "--micro-batch", 8, "--shuffle", "none", "--threads", 1,
+                      "--precision", "fp16", "--run-log", log, timeout=120, env=env)
+        self.assertEqual(r.returncode, 0, r)
+        scale = 1024  # 2^16 / (8 rows x 8 tokens per rank)
+        self.assertIn(f"fp16 loss scale {scale},", r.stdout)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(list(f["steps/loss_scale"][:]), [scale] * 3)
+            self.assertEqual(list(f["steps/skipped"][:]), [0, 0, 0])
+        # Rank 0's first micro-batch (rows 0-7, no shuffle), in fp32 with PyTorch.
+        net = torch.jit.load(model)
+        logits = net(torch.from_numpy(x[:8]).long())
+        logits.retain_grad()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab),
+                                                 torch.from_numpy(y[:8]).reshape(-1),
+                                                 reduction="sum")
+        loss.backward()
+        largest = max([float(logits.grad.abs().max())] +
+                      [float(p.grad.abs().max()) for p in net.parameters()])
+        fp16_max = float(torch.finfo(torch.float16).max)
+        self.assertLess(scale * largest, fp16_max / 8)
+        self.assertGreater(65536 * float(logits.grad.abs().max()), fp16_max,
+                           "the check can fail: the old start overflowed this batch")
 
     def test_evaluation_runs_under_autocast_and_equals_pytorch(self):
         model = um.save_scripted(um.SmallConv(logit_scale=4.0, gain=1.0038), self.path("eval.pt"))

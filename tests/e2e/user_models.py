@@ -93,6 +93,18 @@ class Tied(torch.nn.Module):
         return self.head(torch.relu(self.dec(torch.relu(self.enc(x)))))
 
 
+class TokenLm(torch.nn.Module):
+    """Token ids [B, T] to next-token logits [B, T, vocab]: an embedding and a linear head."""
+
+    def __init__(self, vocab=256, width=16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.embed(x)))
+
+
 class PartlyFrozen(torch.nn.Module):
     def __init__(self, features=8, classes=3):
         super().__init__()

@@ -206,6 +206,32 @@ TEST(LossScale, HalvesOnOverflowDoublesAfterTheIntervalAndRestores) {
   EXPECT_FALSE(tiny.explains_overflow());
 }
 
+// The loss is a sum over what a rank's share counts: the start is 2^16 over that count, as a
+// mean's 2^16, and the scale never grows to 2^16, where a summed cross-entropy's gradient of 1
+// per logit overflows fp16 (65504) whatever the data.
+TEST(LossScale, StartsAtTwoToTheSixteenOverTheCountAndStopsGrowingAtTwoToTheFifteen) {
+  EXPECT_EQ(LossScale::initial_for(0), 32768.0);
+  EXPECT_EQ(LossScale::initial_for(1), 32768.0);
+  EXPECT_EQ(LossScale::initial_for(2), 32768.0);
+  EXPECT_EQ(LossScale::initial_for(3), 16384.0);
+  EXPECT_EQ(LossScale::initial_for(64), 1024.0);
+  EXPECT_EQ(LossScale::initial_for(4096 * 8), 2.0);
+  EXPECT_EQ(LossScale::initial_for(4e6), 1.0) << "never below 1 at the start";
+  for (const double count : {1.0, 3.0, 100.0, 5000.0, 65536.0}) {
+    const double start = LossScale::initial_for(count);
+    EXPECT_EQ(start, std::exp2(std::floor(std::log2(start)))) << "a power of two";
+    EXPECT_LE(start * count, 65536.0);
+    if (start > 1.0 && start < LossScale::kMaximum) {
+      EXPECT_GT(2 * start * count, 65536.0) << "the largest such power";
+    }
+  }
+  LossScale scale(true, 16384.0, 2);
+  for (int i = 0; i < 10; ++i)
+    scale.after_clean_step();
+  EXPECT_EQ(scale.value(), LossScale::kMaximum);
+  EXPECT_LT(scale.value() * 1.0, 65504.0) << "a gradient of 1 per logit stays finite in fp16";
+}
+
 TEST(OverflowInjection, ParsesItemsAndRefusesBadOnesNamingThem) {
   const auto injections = parse_overflow_injections("rank=1,step=2;rank=0,step=5");
   ASSERT_EQ(injections.size(), 2u);

@@ -248,11 +248,11 @@ TEST(ModelState, GeneratorStateRoundTrips) {
   seed_generators_for_rank(3, 1);
   const std::string saved = state.generator_state();
   const at::Tensor first = torch::rand({5});
-  state.set_generator_state(saved);
+  EXPECT_EQ(state.set_generator_state(saved, 0), 1u);
   EXPECT_TRUE(torch::equal(torch::rand({5}), first));
   seed_generators_for_rank(3, 0);
   EXPECT_FALSE(torch::equal(torch::rand({5}), first)) << "ranks draw different streams";
-  EXPECT_THROW(state.set_generator_state("short"), std::exception);
+  EXPECT_THROW(state.set_generator_state("short", 0), std::exception);
 }
 
 TEST(TorchErrorSummary, KeepsTheInterpretersLastLine) {

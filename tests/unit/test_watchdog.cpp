@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "autoaccum/comm/nccl_communicator.hpp"
 #include "autoaccum/comm/watchdog.hpp"
 
 namespace autoaccum::comm {
@@ -33,6 +34,39 @@ TEST(Watchdog, GraceIsATenthOfTheTimeoutBetweenOneAndTenSeconds) {
   EXPECT_EQ(grace_period(milliseconds(3000)), milliseconds(1000));
   EXPECT_EQ(grace_period(milliseconds(50000)), milliseconds(5000));
   EXPECT_EQ(grace_period(milliseconds(600000)), milliseconds(10000));
+}
+
+// NCCL's waits follow --collective-timeout: none at 0 (it was a fixed 5 minutes), else the
+// watchdog's deadline and grace plus 10 s, so the watchdog names the missing ranks first.
+TEST(NcclWait, TheDeadlineFollowsTheCollectiveTimeout) {
+  Watchdog dog;
+  dog.configure(milliseconds(0), 0);
+  EXPECT_EQ(nccl_wait_limit(dog), std::nullopt);
+  dog.configure(milliseconds(20000), 0);
+  EXPECT_EQ(nccl_wait_limit(dog), milliseconds(20000 + 2000 + 10000));
+  dog.configure(milliseconds(600000), 0);
+  EXPECT_EQ(nccl_wait_limit(dog), milliseconds(600000 + 10000 + 10000));
+  dog.configure(milliseconds(0), 0);
+}
+
+// The polls of a long NCCL wait stop spinning: after a few yields the pauses grow to a cap, so
+// a waiting rank uses a small share of a core.
+TEST(NcclWait, PollsBackOffToACap) {
+  PollBackoff backoff;
+  for (int i = 0; i < PollBackoff::kSpinPolls; ++i)
+    EXPECT_EQ(backoff.next(), std::chrono::microseconds(0)) << i;
+  std::chrono::microseconds previous(0), total(0);
+  for (int i = 0; i < 100; ++i) {
+    const auto pause = backoff.next();
+    EXPECT_GE(pause, previous);
+    EXPECT_GE(pause, PollBackoff::kFirstPause);
+    EXPECT_LE(pause, PollBackoff::kLongestPause);
+    previous = pause;
+    total += pause;
+  }
+  EXPECT_EQ(previous, PollBackoff::kLongestPause);
+  // 100 polls past the spin take most of 50 ms: at most ~100 wake-ups in 50 ms.
+  EXPECT_GT(total, milliseconds(40));
 }
 
 TEST(Watchdog, TheLineGroupsMissingRanksByHost) {

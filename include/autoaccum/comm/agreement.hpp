@@ -24,7 +24,7 @@ std::optional<RankFailure> agree_on_failure(Communicator& comm, const std::strin
                                             int exit_code = 1);
 
 // Throws the agreed failure as a CollectiveError on every rank. The message names the failing
-// rank unless every rank failed (then they all saw the same problem).
+// rank unless every rank failed (then they all saw the same problem) or it begins with it.
 [[noreturn]] void throw_collective(const Communicator& comm, const RankFailure& failure);
 
 // Runs `fn` on every rank. If it throws on any rank, every rank throws a CollectiveError with the

@@ -2,25 +2,27 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "autoaccum/comm/communicator.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
+#include "autoaccum/comm/watchdog.hpp"
 
 namespace autoaccum::comm {
 
 // Collective construction over `control`: every rank checks for a GPU and the ranks agree (so a
 // missing GPU raises BackendUnavailable on every rank together); rank 0 makes the ncclUniqueId,
 // MPI_Bcast sends it; each rank takes the GPU numbered by its node-local rank; then
-// ncclCommInitRank. Waits poll ncclCommGetAsyncError and abort the communicator after `timeout`
-// instead of hanging. Flags, broadcast and barrier go through `control` (host memory). NCCL
-// running out of GPU memory for its own buffers is an Error with the out-of-memory exit code,
-// not a CommError.
+// ncclCommInitRank (a failure of any kind there is agreed on and thrown on every rank). Waits poll
+// ncclCommGetAsyncError and abort the communicator past nccl_wait_limit instead of hanging. Flags,
+// broadcast and barrier go through `control` (host memory). NCCL running out of GPU memory for its
+// own buffers is an Error with the out-of-memory exit code, not a CommError.
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(std::unique_ptr<MpiCommunicator> control,
-                            std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  explicit NcclCommunicator(std::unique_ptr<MpiCommunicator> control);
   ~NcclCommunicator() override;
 
   int rank() const override { return control_->rank(); }
@@ -64,6 +66,29 @@ class NcclCommunicator final : public Communicator {
  private:
   std::unique_ptr<MpiCommunicator> control_;
   std::unique_ptr<Impl> impl_;
+};
+
+// How long an NCCL wait (initialisation, an all-reduce, the final ncclCommFinalize) may last
+// before the rank aborts its communicator: --collective-timeout T plus the watchdog's grace
+// period plus 10 s (the watchdog ends the job first and names the missing ranks; this is its
+// fallback), or no deadline when the watchdog is off (--collective-timeout 0), as for MPI.
+std::optional<std::chrono::milliseconds> nccl_wait_limit(const Watchdog& dog);
+
+// Pauses between polls of an NCCL wait: a few yields (a short all-reduce answers within
+// microseconds), then sleeps doubling from 20 us to 500 us, so a rank waiting on a long
+// all-reduce or a slow peer does not spin a core the prefetch thread needs.
+class PollBackoff {
+ public:
+  static constexpr int kSpinPolls = 64;
+  static constexpr std::chrono::microseconds kFirstPause{20};
+  static constexpr std::chrono::microseconds kLongestPause{500};
+  // The next pause (0: yield) and waits it.
+  void pause();
+  std::chrono::microseconds next() noexcept;
+
+ private:
+  int polls_ = 0;
+  std::chrono::microseconds pause_{0};
 };
 
 // Whether this build has the NCCL communicator.

@@ -34,9 +34,11 @@ class ModelState {
   void apply_mean_change(const at::Tensor& reduced, int world);
 
   // The random generators this process draws from (the CPU's, and the GPU's in use), as bytes
-  // for a checkpoint, and back. set_generator_state throws InputError for foreign bytes.
+  // for a checkpoint, and back. set_generator_state throws InputError for foreign bytes. Bytes
+  // that end before a generator of this run (a checkpoint written on the CPU, resumed on a GPU)
+  // leave that one seeded from `fallback_seed`; it returns how many generators the bytes set.
   std::string generator_state() const;
-  void set_generator_state(const std::string& bytes);
+  std::size_t set_generator_state(const std::string& bytes, std::uint64_t fallback_seed);
 
  private:
   std::vector<at::Tensor> buffers_;  // distinct buffers, live
@@ -50,6 +52,8 @@ class ModelState {
 // Seeds every generator of this process from the run's seed and the rank: dropout masks differ
 // between ranks and are reproducible run to run.
 void seed_generators_for_rank(std::uint64_t seed, int rank);
+// The seed seed_generators_for_rank gives a rank's generators.
+std::uint64_t rank_seed(std::uint64_t seed, int rank) noexcept;
 
 // Captures at construction; restores at destruction unless commit() was called.
 class AttemptGuard {
