@@ -5,6 +5,12 @@
 #
 #   jobs/gpu-bundle.sh DIR            then, on the GPU machine:  jobs/gpu-check.sh --bundle DIR
 #
+# It also builds here (jobs/ci/cuda-torch.sh --build: the CUDA LibTorch 2.11 of PyTorch's wheel,
+# the version the GPU machine has) the binary and the GPU tests, and puts them in DIR/bin with
+# the torch version they were built against (DIR/bin/TORCH_VERSION): gpu-check.sh then compiles
+# nothing and loads that machine's own LibTorch, CUDA runtime and NCCL. AUTOACCUM_BUNDLE_BUILD=0
+# leaves the binaries out (the GPU machine then builds, as before).
+#
 # Nothing is installed here (apt-get download, dpkg-deb -x); no root needed. Each package comes
 # with the shared libraries it needs, except those every glibc Linux with a C++ toolchain has
 # (libc, libstdc++, zlib, OpenSSL 3, ...: the `base` pattern below). Documentation, manual pages
@@ -112,6 +118,17 @@ export CMAKE_PREFIX_PATH="$bundle/usr${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}"
 export HDF5_ROOT="$bundle/usr/lib/x86_64-linux-gnu/hdf5/serial"
 export MPI_HOME="$bundle/usr/lib/x86_64-linux-gnu/openmpi"
 ENV
+if [[ ${AUTOACCUM_BUNDLE_BUILD:-1} != 0 ]]; then
+  echo "gpu-bundle: building the binary and the GPU tests against the CUDA LibTorch (build-cuda/)"
+  (cd "$checkout" && ./jobs/ci/cuda-torch.sh --build) >"$dir/build.log" 2>&1 ||
+    { tail -20 "$dir/build.log" >&2; echo "gpu-bundle: the CUDA build failed (log: $dir/build.log)" >&2; exit 1; }
+  mkdir -p "$dir/bin"
+  cp "$checkout/build-cuda/autoaccum" "$checkout/build-cuda/tests/gpu_trainer" \
+    "$checkout/build-cuda/tests/mpi/mpi_comm" "$dir/bin/"
+  strip --strip-unneeded "$dir"/bin/* 2>/dev/null || true
+  grep -m1 "LibTorch .* from" "$dir/build.log" | sed 's/.*LibTorch \([^ ]*\) from.*/\1/' >"$dir/bin/TORCH_VERSION"
+  echo "gpu-bundle: binaries for LibTorch $(cat "$dir/bin/TORCH_VERSION") in $dir/bin"
+fi
 size=$(du -sm "$dir" | cut -f1)
 echo "gpu-bundle: $dir holds $(wc -l <"$dir/MANIFEST") packages in $size MiB (list: $dir/MANIFEST)"
 ((size <= 60)) || echo "gpu-bundle: warning: more than 60 MiB; it may not travel to the GPU machine" >&2

@@ -42,6 +42,51 @@ else
   say "NO GPU FOUND: nvidia-smi $(command -v nvidia-smi >/dev/null && echo 'lists no GPU' || echo "is not on PATH ($PATH)"); building and running what can run without one: every GPU check will be skipped, and this script fails"
 fi
 
+# --- a prebuilt bundle: binaries built against the same LibTorch, loaded from this machine --------
+prebuilt=0
+if [[ -n $bundle && -x $bundle/bin/autoaccum && ${GPU_CHECK_BUILD:-0} != 1 ]]; then
+  want=$(cat "$bundle/bin/TORCH_VERSION" 2>/dev/null)
+  for py in ${PYTHON:-} python3 /usr/bin/python3 /opt/conda/bin/python; do
+    command -v "$py" >/dev/null || continue
+    out=$("$py" -c 'import os, torch; print(torch.__version__); print(os.path.dirname(torch.__file__))' 2>/dev/null) || continue
+    have=$(sed -n 1p <<<"$out")
+    torch_dir=$(sed -n 2p <<<"$out")
+    if [[ ${have%%+*} == "${want%%+*}" ]]; then
+      prebuilt=1
+      say "prebuilt binaries (LibTorch $want) with the LibTorch $have of $py: $torch_dir"
+      break
+    fi
+    say "$py has torch $have; the bundle's binaries need $want"
+  done
+  if ((prebuilt)); then
+    # That torch's libraries and the nvidia-* wheels beside it (CUDA runtime, NCCL, cuBLAS ...).
+    libs="$torch_dir/lib"
+    for d in "$(dirname "$torch_dir")"/nvidia/*/lib "$(dirname "$torch_dir")"/nvidia/*/*/lib; do
+      [[ -d $d ]] && libs+=":$d"
+    done
+    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    unresolved=$(for b in "$bundle"/bin/{autoaccum,gpu_trainer,mpi_comm}; do ldd "$b"; done |
+      grep "not found" | sort -u)
+    if [[ -n $unresolved ]]; then
+      say "cannot run the prebuilt binaries: unresolved libraries:"
+      sed 's/^/gpu-check:   /' <<<"$unresolved" | tee -a "$report"
+      exit 2
+    fi
+    say "every library the binaries need resolves (ldd); nothing to compile"
+    budget="${GPU_CHECK_SECONDS:-300}"
+  else
+    say "no torch $want here: building instead"
+  fi
+fi
+autoaccum="$autoaccum"
+mpi_comm="$build/tests/mpi/mpi_comm"
+gpu_trainer="$build/tests/gpu_trainer"
+if ((prebuilt)); then
+  autoaccum="$bundle/bin/autoaccum"
+  mpi_comm="$bundle/bin/mpi_comm"
+  gpu_trainer="$bundle/bin/gpu_trainer"
+else
+
 # --- what the build needs -------------------------------------------------------------------
 missing=()
 find_header() {  # name, header, folders...
@@ -152,6 +197,7 @@ if ! timeout "$(left)" cmake --build "$build" -j "$(nproc)" --target autoaccum m
   exit 2
 fi
 say "built in $((SECONDS - start)) s"
+fi
 
 # --- tests ------------------------------------------------------------------------------------
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -177,8 +223,9 @@ check() {  # name, command...: passes only when it ran, exited 0 and skipped not
 }
 # NCCL refuses two ranks on one GPU: one rank per GPU, at most 4.
 ranks=$((gpus < 1 ? 1 : (gpus > 4 ? 4 : gpus)))
-check nccl-ranks-$ranks mpirun --oversubscribe -np "$ranks" "$build/tests/mpi/mpi_comm" --gtest_filter='*HARDWARE*:*Nccl*'
-check gpu-trainer mpirun -np 1 "$build/tests/gpu_trainer"
+say "checks: NCCL all-reduce at $ranks rank(s); gpu_trainer (real CUDA OOM halved, --memory-limit as a memory fraction, the CPU gradient, bf16 and fp16 with the loss scale, a CPU checkpoint resumed on the GPU); the command line under a 2 GiB limit (halve and predict) with its run log read back"
+check nccl-ranks-$ranks mpirun --oversubscribe -np "$ranks" "$mpi_comm" --gtest_filter='*HARDWARE*:*Nccl*'
+check gpu-trainer mpirun -np 1 "$gpu_trainer"
 data="$build/gpu-check-synth.h5"
 log="$build/gpu-check-run.h5"
 limit=$((2 * 1024 * 1024 * 1024))
@@ -187,22 +234,22 @@ if [[ $gpus == 0 ]]; then
   say "SKIPPED cli-train-auto (no GPU; counts as failed)"
   skipped=1
 else
-  check cli-synth "$build/autoaccum" synth --out "$data" --rows 65536 --features 784 --classes 10
-  check cli-train-auto mpirun -np 1 "$build/autoaccum" train --data "$data" --device cuda \
+  check cli-synth "$autoaccum" synth --out "$data" --rows 65536 --features 784 --classes 10
+  check cli-train-auto mpirun -np 1 "$autoaccum" train --data "$data" --device cuda \
     --hidden 8192,8192 --global-batch 16384 --micro-batch auto --memory-limit "$limit" --steps 6 \
     --micro-batch-search halve --run-log "$log"
   # The default search predicts from two measured micro-batches: under the same limit it should
   # start below it (the run log's memory_model group; `autoaccum log` prints it).
-  check cli-train-predict mpirun -np 1 "$build/autoaccum" train --data "$data" --device cuda \
+  check cli-train-predict mpirun -np 1 "$autoaccum" train --data "$data" --device cuda \
     --hidden 8192,8192 --global-batch 16384 --micro-batch auto --memory-limit "$limit" --steps 6 \
     --run-log "${log%.h5}-predict.h5"
-  "$build/autoaccum" log "${log%.h5}-predict.h5" 2>&1 | tee -a "$report"
+  "$autoaccum" log "${log%.h5}-predict.h5" 2>&1 | tee -a "$report"
 fi
 if [[ -f $log ]]; then
-  "$build/autoaccum" log "$log" 2>&1 | tee -a "$report"
+  "$autoaccum" log "$log" 2>&1 | tee -a "$report"
   # The run log read back: real OOMs were retried at a smaller size, and every peak stayed under
   # the limit.
-  if "$build/autoaccum" log "$log" --csv steps >"$build/gpu-check-steps.csv" 2>&1 &&
+  if "$autoaccum" log "$log" --csv steps >"$build/gpu-check-steps.csv" 2>&1 &&
     awk -F, -v limit="$limit" '
       NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
       { m = $col["micro_batch"]; peak = $col["peak_bytes"]; if (peak > worst) worst = peak

@@ -5,6 +5,7 @@
 #
 #   jobs/ci/cuda-torch.sh              install (once, cached), configure, build, test
 #   jobs/ci/cuda-torch.sh --install    only the cached Python environment
+#   jobs/ci/cuda-torch.sh --build      install, configure and build (jobs/gpu-bundle.sh's binaries)
 #   jobs/ci/cuda-torch.sh -R REGEX     ctest arguments replace the default selection
 #
 # What it uses:
@@ -99,6 +100,7 @@ if grep -E "libcudart|libnccl" <<<"$loaded" | grep -v "$site" | grep -q .; then
   exit 1
 fi
 "$binary" --version
+[[ ${1:-} == --build ]] && exit 0
 
 # Every module's unit and MPI tests; end to end, what touches the model, the data, memory and
 # the collectives (train's and run_log's CLI and log checks, Slurm, the simulated nodes and

@@ -107,6 +107,21 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   out << "  started " << log.attribute("started_at") << ", updated "
       << log.attribute("updated_at", "-") << "\n";
   out << "  command: " << log.attribute("command_line") << "\n";
+  // Each resume: where, on how many ranks, and whether --resume-reshape changed the data order.
+  const auto resumed_at = values(log, "resumes", "step");
+  const auto resumed_ranks = values(log, "resumes", "world_size");
+  const auto resumed_batch = values(log, "resumes", "global_batch");
+  const auto reshaped = values(log, "resumes", "reshaped");
+  for (std::size_t i = 0; i < resumed_at.size(); ++i) {
+    out << "  resumed at step " << integer(resumed_at[i]);
+    if (i < resumed_ranks.size() && resumed_ranks[i] > 0)
+      out << " on " << integer(resumed_ranks[i]) << " rank(s)";
+    if (i < resumed_batch.size() && resumed_batch[i] > 0)
+      out << ", global batch " << integer(resumed_batch[i]);
+    if (i < reshaped.size() && reshaped[i] > 0)
+      out << " (--resume-reshape: a new data order from this epoch on)";
+    out << "\n";
+  }
 
   const auto step = values(log, "steps", "step");
   const auto micro = values(log, "steps", "micro_batch");

@@ -197,6 +197,8 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
   o.resume = vm["resume"].as<bool>();
+  o.resume_reshape = vm["resume-reshape"].as<bool>();
+  if (o.resume_reshape) o.resume = true;
   o.dry_run = vm["dry-run"].as<bool>();
   if (o.dry_run && o.resume) throw UsageError("--dry-run trains nothing: drop --resume");
   if (o.dry_run) {
@@ -336,6 +338,10 @@ Command train_command() {
       "continue from --checkpoint if it exists. --global-batch, --shuffle, --seed (with "
       "--shuffle batch) and the data must be the checkpoint's (else refused: the rows read "
       "would change); the number of ranks, --micro-batch and the rest may change");
+  add("resume-reshape", po::bool_switch()->default_value(false),
+      "--resume, and a changed --global-batch(-tokens), --shuffle or --seed is taken from the "
+      "checkpoint's epoch boundary on: the next epoch reads every row once in the new order. "
+      "Refused in the middle of an epoch (the error says how to finish it first)");
   add("eval-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "evaluate every N steps");
   add("eval-micro-batch", po::value<std::int64_t>()->default_value(0)->value_name("N"),

@@ -67,7 +67,9 @@ const std::vector<Field<EvalRow>>& eval_fields() {
 const std::vector<Field<ResumeRow>>& resume_fields() {
   static const std::vector<Field<ResumeRow>> fields = {{"step", &ResumeRow::step},
                                                        {"dropped_steps", &ResumeRow::dropped_steps},
-                                                       {"world_size", &ResumeRow::world_size}};
+                                                       {"world_size", &ResumeRow::world_size},
+                                                       {"global_batch", &ResumeRow::global_batch},
+                                                       {"reshaped", &ResumeRow::reshaped}};
   return fields;
 }
 
@@ -220,7 +222,7 @@ RunLogWriter RunLogWriter::create(const std::string& path, const RunLogHeader& h
 
 RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_step,
                                   const std::vector<std::string>& hostnames,
-                                  const std::string& command_line) {
+                                  const std::string& command_line, const ResumeRow& resumed) {
   const RunLogData existing = read_run_log(path);  // checks the format
   RunLogWriter writer(path);
   {
@@ -273,7 +275,8 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
   lines.push_back(command_line);
   writer.set("resume_command_lines", lines);
   writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped),
-                                      static_cast<std::int64_t>(writer.hostnames_.size())});
+                                      static_cast<std::int64_t>(writer.hostnames_.size()),
+                                      resumed.global_batch, resumed.reshaped});
   writer.final_micro_batch_ = std::stoll(existing.attribute("final_micro_batch", "0"));
   writer.write("running", "");
   return writer;

@@ -383,7 +383,6 @@ TrainResult Trainer::run() {
 TrainResult Trainer::run_steps() {
   State& s = *state_;
   const auto& o = s.options;
-  const std::int64_t per_epoch = s.plan->batches_per_epoch();
   data::Prefetcher prefetcher(
       [&s](std::int64_t global_step) { return s.read_rank_rows(global_step); }, s.step,
       s.total_steps);
@@ -488,7 +487,7 @@ TrainResult Trainer::run_steps() {
     const double step_seconds = seconds_since(step_start);
     io::StepRow row;
     row.step = s.step - 1;
-    row.epoch = (s.step - 1) / per_epoch;
+    row.epoch = s.position(s.step - 1).epoch;
     row.micro_batch = s.micro_batches->current(0);
     row.accumulation =
         s.documents() ? rank0_pieces : s.micro_batches->accumulation(0, step_shares.front());

@@ -46,18 +46,18 @@ std::string files_text(const io::DataOrder& d) {
   return text;
 }
 
-// Empty when a run with `now` reads, from the checkpoint's position on, exactly the rows the run
-// that wrote `saved` would have; else one line: the option, both values, what would happen.
-std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataOrder& now,
-                                std::uint64_t seed, const std::string& path) {
+// What differs between the checkpoint's data order and this run's: nothing, the order (global
+// batch, shuffle, seed: --resume-reshape can take it at an epoch boundary), or the data itself
+// (never). `what` names the option and both values.
+struct OrderChange {
+  enum Kind { kNone, kOrder, kData } kind = kNone;
+  std::string what;  // "--global-batch 32, this run has 64"
+};
+
+OrderChange data_order_change(const io::Checkpoint& saved_run, const io::DataOrder& now,
+                              std::uint64_t seed) {
   const io::DataOrder& saved = saved_run.data;
-  const std::int64_t step = saved_run.step;
-  if (saved.global_batch == 0) return "";  // written before autoaccum recorded it
-  const std::string head =
-      "--resume: checkpoint '" + path + "' (step " + std::to_string(step) + ") was written with ";
-  const std::string tail =
-      ": resumed so, the run would read some rows of the epoch twice and others never. Resume "
-      "with the checkpoint's value, or start a new run (another --checkpoint)";
+  if (saved.global_batch == 0) return {};  // written before autoaccum recorded it
   // "--global-batch 32, this run has 64", or across the two kinds of batch, each named.
   const auto option = [](const io::DataOrder& d) {
     return d.global_batch_tokens > 0 ? std::string("--global-batch-tokens")
@@ -66,22 +66,47 @@ std::string data_order_mismatch(const io::Checkpoint& saved_run, const io::DataO
   const auto value = [](const io::DataOrder& d) {
     return std::to_string(d.global_batch_tokens > 0 ? d.global_batch_tokens : d.global_batch);
   };
+  if (saved.rows != now.rows || saved.fingerprint != now.fingerprint)
+    return {OrderChange::kData, "--data " + files_text(saved) + " (" + std::to_string(saved.rows) +
+                                    " rows, fingerprint " + saved.fingerprint + "), this run has " +
+                                    files_text(now) + " (" + std::to_string(now.rows) +
+                                    " rows, fingerprint " + now.fingerprint + ")"};
   if (option(saved) != option(now))
-    return head + option(saved) + " " + value(saved) + ", this run has " + option(now) + " " +
-           value(now) + tail;
+    return {OrderChange::kOrder, option(saved) + " " + value(saved) + ", this run has " +
+                                     option(now) + " " + value(now)};
   if (value(saved) != value(now))
-    return head + option(saved) + " " + value(saved) + ", this run has " + value(now) + tail;
+    return {OrderChange::kOrder,
+            option(saved) + " " + value(saved) + ", this run has " + value(now)};
   if (saved.shuffle != now.shuffle)
-    return head + "--shuffle " + saved.shuffle + ", this run has " + now.shuffle + tail;
+    return {OrderChange::kOrder, "--shuffle " + saved.shuffle + ", this run has " + now.shuffle};
   // The seed orders the batches of every epoch (with --shuffle none it orders nothing).
   if (saved.shuffle == "batch" && saved_run.seed != seed)
-    return head + "--seed " + std::to_string(saved_run.seed) + ", this run has " +
-           std::to_string(seed) + tail;
-  if (saved.rows != now.rows || saved.fingerprint != now.fingerprint)
-    return head + "--data " + files_text(saved) + " (" + std::to_string(saved.rows) +
-           " rows, fingerprint " + saved.fingerprint + "), this run has " + files_text(now) + " (" +
-           std::to_string(now.rows) + " rows, fingerprint " + now.fingerprint + ")" + tail;
-  return "";
+    return {OrderChange::kOrder,
+            "--seed " + std::to_string(saved_run.seed) + ", this run has " + std::to_string(seed)};
+  return {};
+}
+
+// Batches per epoch in the checkpoint's order (the data are this run's: checked before).
+std::int64_t old_batches_per_epoch(const io::Checkpoint& c, const data::DataSchema& schema) {
+  const io::DataOrder& d = c.data;
+  if (d.global_batch_tokens > 0) {
+    // The cut does not depend on the ranks: one rank validates the least.
+    return data::BatchPlan::by_tokens(schema.lengths, d.global_batch_tokens, 1,
+                                      data::parse_shuffle(d.shuffle), c.seed)
+        .batches_per_epoch();
+  }
+  return d.rows / d.global_batch;
+}
+
+// The checkpoint's data options as a command line would give them.
+std::string order_options(const io::Checkpoint& c) {
+  const io::DataOrder& d = c.data;
+  std::string text = d.global_batch_tokens > 0
+                         ? "--global-batch-tokens " + std::to_string(d.global_batch_tokens)
+                         : "--global-batch " + std::to_string(d.global_batch);
+  text += " --shuffle " + d.shuffle;
+  if (d.shuffle == "batch") text += " --seed " + std::to_string(c.seed);
+  return text;
 }
 
 }  // namespace
@@ -142,13 +167,54 @@ void Trainer::State::resume() {
   });
   if (!chosen.empty()) {
     // The same record on every rank: every rank reaches the same verdict without a word.
-    const std::string mismatch =
-        data_order_mismatch(loaded->checkpoint, data_order, options.seed, chosen);
-    if (!mismatch.empty()) throw CollectiveError(mismatch, ExitCode::kUsage, 0);
+    const io::Checkpoint& c = loaded->checkpoint;
+    const OrderChange change = data_order_change(c, data_order, options.seed);
+    const std::string head = "--resume: checkpoint '" + chosen + "' (step " +
+                             std::to_string(c.step) + ") was written with " + change.what;
+    if (change.kind == OrderChange::kData)
+      throw CollectiveError(head +
+                                ": resumed so, the run would read some rows of the epoch twice "
+                                "and others never. Resume with the checkpoint's data, or start "
+                                "a new run (another --checkpoint)",
+                            ExitCode::kUsage, 0);
+    if (change.kind == OrderChange::kOrder && !options.resume_reshape)
+      throw CollectiveError(
+          head +
+              ": resumed so, the run would read some rows of the epoch twice and others never. "
+              "Resume with the checkpoint's value, or add --resume-reshape (the change then "
+              "starts at an epoch boundary), or start a new run (another --checkpoint)",
+          ExitCode::kUsage, 0);
+    if (change.kind == OrderChange::kOrder && c.data.batch_in_epoch != 0) {
+      // The rest of the epoch exists only in the checkpoint's order (its batches are other
+      // rows): finishing it takes the checkpoint's options up to the epoch's end.
+      const std::int64_t end =
+          c.step - c.data.batch_in_epoch + old_batches_per_epoch(c, reader->schema());
+      throw CollectiveError("--resume-reshape: checkpoint '" + chosen + "' (step " +
+                                std::to_string(c.step) + ") is at batch " +
+                                std::to_string(c.data.batch_in_epoch) + " of epoch " +
+                                std::to_string(c.epoch) +
+                                ", whose other rows are read only in its order; resume "
+                                "first with " +
+                                order_options(c) + " --steps " + std::to_string(end) +
+                                " (the end of that epoch), then with --resume-reshape",
+                            ExitCode::kUsage, 0);
+    }
+    reshaped = change.kind == OrderChange::kOrder;
     if (!loaded->warning.empty() && root && !options.quiet)
       std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
-    restore(loaded->checkpoint);
+    restore(c);
     checkpoint_step = step;
+    // Epochs are counted from the checkpoint's epoch start (a reshaped run's is no multiple of
+    // this run's batches per epoch); --epochs counts from there too.
+    if (c.data.global_batch != 0) {
+      epoch_origin_step = c.step - c.data.batch_in_epoch;
+      epoch_origin = c.epoch;
+      total_steps = std::max(steps_wanted(), step);
+      schedule = make_schedule(options.lr, options.warmup_steps, total_steps, options.schedule);
+    }
+    if (reshaped && root && !options.quiet)
+      std::cout << "autoaccum: --resume-reshape: epoch " << c.epoch << " (from step " << c.step
+                << ") on reads every row once in the new order: " << change.what << std::endl;
   } else if (root && !options.quiet) {
     std::cout << "no checkpoint at " << options.checkpoint << " yet: starting from step 0"
               << std::endl;
@@ -305,7 +371,7 @@ void Trainer::State::save_checkpoint() {
     if (!root) return;
     io::Checkpoint c;
     c.step = step;
-    c.epoch = step / plan->batches_per_epoch();
+    c.epoch = position(step).epoch;
     c.micro_batch = micro_batches->current(0);
     c.micro_batches = micro_batches->sizes();
     if (options.balance) {
@@ -315,7 +381,7 @@ void Trainer::State::save_checkpoint() {
     c.world_size = world;
     c.seed = options.seed;
     c.data = data_order;
-    c.data.batch_in_epoch = step % plan->batches_per_epoch();
+    c.data.batch_in_epoch = position(step).batch;
     if (loss_scale.enabled()) {
       c.loss_scale = loss_scale.value();
       c.loss_scale_clean_steps = loss_scale.clean_steps();

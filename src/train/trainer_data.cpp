@@ -25,10 +25,23 @@
 
 namespace autoaccum::train {
 
+Trainer::State::Position Trainer::State::position(std::int64_t global_step) const {
+  const std::int64_t per_epoch = plan->batches_per_epoch();
+  const std::int64_t since = global_step - epoch_origin_step;
+  return {epoch_origin + since / per_epoch, since % per_epoch};
+}
+
+std::int64_t Trainer::State::steps_wanted() const {
+  if (options.steps > 0) return options.steps;
+  const double epochs_left = options.epochs - static_cast<double>(epoch_origin);
+  return epoch_origin_step +
+         static_cast<std::int64_t>(epochs_left * static_cast<double>(plan->batches_per_epoch()));
+}
+
 Trainer::State::StepSplit Trainer::State::split_of(std::int64_t global_step) const {
   StepSplit split;
-  const std::int64_t per_epoch = plan->batches_per_epoch();
-  split.batch = plan->batch_rows(global_step / per_epoch, global_step % per_epoch);
+  const Position at = position(global_step);
+  split.batch = plan->batch_rows(at.epoch, at.batch);
   if (!documents()) {
     split.offsets = shares->offsets(global_step);
   } else {
@@ -144,10 +157,7 @@ void Trainer::State::open_data() {
     data_order = describe_data_order();
     if (root && !o.quiet) warn_about_slow_data();
     if (o.steps < 0 || o.epochs < 0) throw UsageError("--steps and --epochs must not be negative");
-    total_steps =
-        o.steps > 0
-            ? o.steps
-            : static_cast<std::int64_t>(o.epochs * static_cast<double>(plan->batches_per_epoch()));
+    total_steps = steps_wanted();
     if (o.dry_run) total_steps = std::max<std::int64_t>(total_steps, 1);
     if (total_steps < 1)
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");

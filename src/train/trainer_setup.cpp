@@ -405,7 +405,12 @@ void Trainer::State::open_observers() {
       if (!root) return;
       if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
         observers.push_back(std::make_unique<RunLogObserver>(
-            io::RunLogWriter::append(options.run_log, step, comm.hosts(), options.command_line),
+            io::RunLogWriter::append(
+                options.run_log, step, comm.hosts(), options.command_line,
+                io::ResumeRow{0, 0, 0,
+                              options.global_batch_tokens > 0 ? options.global_batch_tokens
+                                                              : options.global_batch,
+                              reshaped ? 1 : 0}),
             options.log_flush_every));
         return;
       }

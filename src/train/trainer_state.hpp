@@ -93,6 +93,17 @@ struct Trainer::State {
   std::unique_ptr<data::BatchPlan> plan;
   io::DataOrder data_order;  // what decides the rows of each step (checked on --resume)
   std::int64_t total_steps = 0;
+  // Where epochs are counted from: step `epoch_origin_step` starts epoch `epoch_origin` (0 and
+  // 0, or a checkpoint's epoch start, which after --resume-reshape is a step no longer a
+  // multiple of the batches per epoch).
+  std::int64_t epoch_origin_step = 0, epoch_origin = 0;
+  struct Position {
+    std::int64_t epoch, batch;  // the epoch and the batch within it
+  };
+  Position position(std::int64_t global_step) const;
+  // The steps --steps or --epochs ask for, counted from the epoch origin.
+  std::int64_t steps_wanted() const;
+  bool reshaped = false;  // --resume-reshape changed the data order at the checkpoint
   std::optional<Objective> objective;
 
   // Model and what a step changes.

@@ -99,6 +99,70 @@ class ResumeKeepsTheDataOrder(TempDirTest):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+    def test_resume_reshape_changes_the_order_at_an_epoch_boundary_reading_every_row_once(self):
+        rows = 96
+        x = np.arange(rows, dtype=np.float32).reshape(rows, 1)  # each row names itself
+        data = um.write_data(self.path("ids.h5"), x, (np.arange(rows) % 2).astype(np.int64),
+                             classes=2)
+        model = um.save_scripted(um.RowCounter(rows), self.path("counter.pt"))
+        ck, log = self.path("reshape.ckpt.h5"), self.path("reshape.log.h5")
+
+        def run(*args):
+            return autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
+                             "--log-every", 0, "--micro-batch", 4, "--shuffle", "batch",
+                             "--checkpoint", ck, "--run-log", log, *args, timeout=120)
+
+        def counts():
+            return um.checkpoint_tensors(ck)[1]["seen"] * 2  # averaged over 2 ranks
+
+        # 12 batches of 8 rows per epoch: stop at batch 5 of epoch 1.
+        r = run("--global-batch", 8, "--seed", 1, "--steps", 17)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertEqual(sorted(set(counts())), [1, 2])  # epoch 0 whole, 5 batches of epoch 1
+        before = digest(ck)
+        # Without --resume-reshape a new global batch is refused (test above); with it, in the
+        # middle of an epoch, too: the epoch's other rows exist only in the old order. The line
+        # says how to finish it.
+        r = run("--global-batch", 16, "--seed", 1, "--epochs", 4, "--resume-reshape")
+        self.assertEqual(r.returncode, 1, r)
+        errors = um.error_lines(r)
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("--resume-reshape: checkpoint", errors[0])
+        self.assertIn("(step 17) is at batch 5 of epoch 1", errors[0])
+        self.assertIn("resume first with --global-batch 8 --shuffle batch --seed 1 --steps 24",
+                      errors[0])
+        self.assertEqual(digest(ck), before)
+        # As told: the epoch finished in its order, then 16 rows per batch and another seed.
+        r = run("--global-batch", 8, "--seed", 1, "--steps", 24, "--resume")
+        self.assertEqual(r.returncode, 0, r)
+        np.testing.assert_array_equal(counts(), np.full(rows, 2.0))
+        r = run("--global-batch", 16, "--seed", 2, "--epochs", 4, "--resume-reshape")
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("--resume-reshape: epoch 2 (from step 24) on reads every row once in the "
+                      "new order: --global-batch 8, this run has 16", r.stdout)
+        # Epochs 2 and 3 at 6 batches of 16: every row read once per epoch, 4 times in all.
+        np.testing.assert_array_equal(counts(), np.full(rows, 4.0))
+        with h5py.File(ck, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 36)
+            self.assertEqual(int(f.attrs["epoch"]), 4)
+            self.assertEqual(int(f.attrs["data_batch_in_epoch"]), 0)
+            self.assertEqual(int(f.attrs["data_global_batch"]), 16)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(list(f["resumes/step"][:]), [17, 24])
+            self.assertEqual(list(f["resumes/global_batch"][:]), [8, 16])
+            self.assertEqual(list(f["resumes/reshaped"][:]), [0, 1])
+            epoch_of = dict(zip(f["steps/step"][:], f["steps/epoch"][:]))
+        self.assertEqual([epoch_of[s] for s in (11, 12, 23, 24, 29, 30, 35)],
+                         [0, 1, 1, 2, 2, 3, 3])
+        summary = autoaccum(1, "log", log).stdout
+        self.assertIn("resumed at step 24 on 2 rank(s), global batch 16 (--resume-reshape", summary)
+        # A plain resume of the reshaped run counts epochs from its checkpoint: one more epoch.
+        r = run("--global-batch", 16, "--seed", 2, "--epochs", 5, "--resume")
+        self.assertEqual(r.returncode, 0, r)
+        np.testing.assert_array_equal(counts(), np.full(rows, 5.0))
+        with h5py.File(ck, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 42)
+
 
 class ReplicasStayEqual(TempDirTest):
     """Ranks on different hardware take every decision after the all-reduce alike: with

@@ -13,7 +13,8 @@ namespace autoaccum::io {
 inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
-inline constexpr std::int64_t kRunLogSchemaVersion = 7;
+// 8: `resumes/global_batch` and `resumes/reshaped` (--resume-reshape).
+inline constexpr std::int64_t kRunLogSchemaVersion = 8;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -87,6 +88,10 @@ struct ResumeRow {
   std::int64_t step = 0;
   std::int64_t dropped_steps = 0;
   std::int64_t world_size = 0;  // ranks of the resumed run (schema 3; 0 in older logs)
+  // The resumed run's --global-batch (or --global-batch-tokens) and whether --resume-reshape
+  // changed the data order there (schema 8; 0 in older logs).
+  std::int64_t global_batch = 0;
+  std::int64_t reshaped = 0;
 };
 
 struct RunLogHeader {
@@ -117,9 +122,10 @@ class RunLogWriter {
   // run's ranks: on another number of ranks they replace the `ranks` group (peaks start again)
   // and `world_size`. `command_line` (the resumed run's) is appended to the root attribute
   // `resume_command_lines`, one entry per row of `resumes`.
+  // `resumed` holds the resumed run's global batch and whether it reshaped the data order.
   static RunLogWriter append(const std::string& path, std::int64_t resume_step,
                              const std::vector<std::string>& hostnames = {},
-                             const std::string& command_line = "");
+                             const std::string& command_line = "", const ResumeRow& resumed = {});
 
   const std::string& path() const noexcept { return path_; }
   void add(const StepRow& row) { steps_.push_back(row); }

@@ -95,6 +95,9 @@ struct TrainOptions {
   std::string checkpoint;
   std::int64_t checkpoint_every = 0;
   bool resume = false;
+  // --resume-reshape: a changed data order (global batch, shuffle, seed) starts at the
+  // checkpoint's epoch boundary; refused in the middle of an epoch.
+  bool resume_reshape = false;
   std::int64_t eval_every = 0;
   std::int64_t log_every = 10;
   // Run log flushes: every N steps; 0: automatic (see RunLogObserver).
