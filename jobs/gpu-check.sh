@@ -78,7 +78,7 @@ if [[ -n $bundle && -x $bundle/bin/autoaccum && ${GPU_CHECK_BUILD:-0} != 1 ]]; t
     say "no torch $want here: building instead"
   fi
 fi
-autoaccum="$autoaccum"
+autoaccum="$build/autoaccum"
 mpi_comm="$build/tests/mpi/mpi_comm"
 gpu_trainer="$build/tests/gpu_trainer"
 if ((prebuilt)); then
@@ -201,6 +201,7 @@ fi
 
 # --- tests ------------------------------------------------------------------------------------
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export GTEST_COLOR=no  # plain text in the logs and the report
 failed=0
 skipped=0
 check() {  # name, command...: passes only when it ran, exited 0 and skipped nothing
