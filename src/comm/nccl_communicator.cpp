@@ -234,16 +234,16 @@ NcclCommunicator::~NcclCommunicator() {
       if (finished) {
         const ncclResult_t started = ncclCommFinalize(impl_->comm);
         finished = started == ncclSuccess || started == ncclInProgress;
-        const std::optional<std::chrono::milliseconds> limit = nccl_wait_limit(watchdog());
-        const auto start = std::chrono::steady_clock::now();
-        PollBackoff backoff;
-        while (finished) {
-          ncclResult_t state = ncclInProgress;
-          if (ncclCommGetAsyncError(impl_->comm, &state) != ncclSuccess) finished = false;
-          if (state == ncclSuccess) break;
-          if (state != ncclInProgress) finished = false;
-          if (limit && std::chrono::steady_clock::now() - start > *limit) finished = false;
-          backoff.pause();
+      }
+      if (finished) {
+        try {
+          wait_for(*impl_, "ncclCommFinalize", rank(), [&] {
+            ncclResult_t state = ncclInProgress;
+            ncclCommGetAsyncError(impl_->comm, &state);
+            return state == ncclSuccess;
+          });
+        } catch (const std::exception&) {
+          finished = false;  // wait_for aborted the communicator
         }
       }
       cudaGetLastError();
