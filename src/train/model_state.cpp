@@ -10,6 +10,7 @@
 
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/core/splitmix.hpp"
+#include "autoaccum/train/step_agreement.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -19,9 +20,17 @@ bool averaged(const at::Tensor& t) {
   return at::isFloatingType(type) || (at::isIntegralType(type, /*includeBool=*/false));
 }
 
+// Floats a reduced buffer takes in the all-reduce (see reduce_count()).
+std::int64_t slots_of(const at::Tensor& buffer, int world) {
+  return buffer.scalar_type() == at::kDouble
+             ? buffer.numel() * static_cast<std::int64_t>(kExactSlots) * world
+             : buffer.numel();
+}
+
 }  // namespace
 
-ModelState::ModelState(Model& model, c10::Device device) {
+ModelState::ModelState(Model& model, c10::Device device, int world, int rank)
+    : world_(world), rank_(rank) {
   std::vector<const c10::TensorImpl*> seen;
   for (auto& [name, tensor] : model.named_buffers()) {
     if (std::find(seen.begin(), seen.end(), tensor.unsafeGetTensorImpl()) != seen.end()) continue;
@@ -29,7 +38,10 @@ ModelState::ModelState(Model& model, c10::Device device) {
     buffers_.push_back(tensor);
     saved_.push_back(at::empty_like(tensor));
     reduced_.push_back(averaged(tensor));
-    if (reduced_.back()) reduce_count_ += tensor.numel();
+    if (reduced_.back()) {
+      reduce_count_ += slots_of(tensor, world_);
+      averaged_values_ += tensor.numel();
+    }
   }
   generator_devices_.push_back(c10::Device(c10::kCPU));
   if (device.is_cuda()) generator_devices_.push_back(device);
@@ -68,32 +80,63 @@ void ModelState::write_changes(at::Tensor region) const {
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     if (!reduced_[i]) continue;
     const std::int64_t n = buffers_[i].numel();
-    at::Tensor slot = region.narrow(0, offset, n);
+    const std::int64_t slots = slots_of(buffers_[i], world_);
+    at::Tensor slot = region.narrow(0, offset, slots);
     if (buffers_[i].scalar_type() == at::kFloat) {
       slot.copy_(buffers_[i].reshape({n}));  // in place: no temporary per step
       slot.sub_(saved_[i].reshape({n}));
+    } else if (buffers_[i].scalar_type() == at::kDouble) {
+      // The change (exact in double) as three float pieces per element, on the device (as
+      // write_exact does on the host), in this rank's slots; the other ranks' stay zero.
+      const at::Tensor change = (buffers_[i] - saved_[i]).reshape({n});
+      const at::Tensor high = change.to(at::kFloat);
+      const at::Tensor rest = change - high.to(at::kDouble);
+      const at::Tensor middle = rest.to(at::kFloat);
+      const at::Tensor low = (rest - middle.to(at::kDouble)).to(at::kFloat);
+      slot.zero_();
+      slot.narrow(0, static_cast<std::int64_t>(kExactSlots) * n * rank_,
+                  static_cast<std::int64_t>(kExactSlots) * n)
+          .copy_(at::stack({high, middle, low}, 1).reshape({-1}));
     } else {
-      slot.copy_((buffers_[i] - saved_[i]).reshape({n}));  // exact for integers and doubles
+      slot.copy_((buffers_[i] - saved_[i]).reshape({n}));  // exact for integers below 2^24
     }
-    offset += n;
+    offset += slots;
   }
 }
 
-void ModelState::apply_mean_change(const at::Tensor& reduced, int world) {
-  if (world <= 1) return;  // the rank's own change is the mean
+void ModelState::apply_mean_change(const at::Tensor& reduced) {
+  if (world_ <= 1) return;  // the rank's own change is the mean
   at::NoGradGuard no_grad;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     if (!reduced_[i]) continue;
     at::Tensor& buffer = buffers_[i];
     const std::int64_t n = buffer.numel();
-    const at::Tensor change = reduced.narrow(0, offset, n).view(buffer.sizes());
-    offset += n;
+    const std::int64_t slots = slots_of(buffer, world_);
+    const at::Tensor region = reduced.narrow(0, offset, slots);
+    offset += slots;
+    if (buffer.scalar_type() == at::kDouble) {
+      // Every rank's exact change, added up on the host in rank order: the same bits on every
+      // rank whatever its threads or device.
+      const at::Tensor pieces = region.to(at::kCPU).contiguous();
+      const float* p = pieces.data_ptr<float>();
+      at::Tensor mean = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
+      double* m = mean.data_ptr<double>();
+      for (std::int64_t e = 0; e < n; ++e) {
+        double sum = 0.0;
+        for (int r = 0; r < world_; ++r)
+          sum += read_exact(p + kExactSlots * (r * n + e));
+        m[e] = sum / world_;
+      }
+      buffer.copy_(saved_[i] + mean.to(buffer.device()).view(buffer.sizes()));
+      continue;
+    }
+    const at::Tensor change = region.view(buffer.sizes());
     buffer.copy_(saved_[i]);
     if (at::isFloatingType(buffer.scalar_type())) {
-      buffer.add_(change.to(buffer.scalar_type()), 1.0 / world);
+      buffer.add_(change.to(buffer.scalar_type()), 1.0 / world_);
     } else {
-      buffer.add_(change.div(world).round_().to(buffer.scalar_type()));
+      buffer.add_(change.div(world_).round_().to(buffer.scalar_type()));
     }
   }
 }

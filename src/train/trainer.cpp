@@ -230,7 +230,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     // The mean over what the global batch counted, and the loss scale undone, in one pass.
     const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();
     if (divisor != 1.0) reduce->view(gradient_region).mul_(1.0 / divisor);
-    model_state->apply_mean_change(reduce->view(buffer_region), world);
+    model_state->apply_mean_change(reduce->view(buffer_region));
     guard->commit();
   }
   return outcome;  // otherwise the guard restores buffers and random state

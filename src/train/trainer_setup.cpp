@@ -273,8 +273,9 @@ void Trainer::State::build_model() {
               "constants; save torch.jit.script(model) without freeze)";
     throw CollectiveError(model_name() + ": nothing to train: " + why, ExitCode::kUsage, 0);
   }
-  comm::collectively(comm,
-                     [&] { model_state = std::make_unique<ModelState>(*model, context.device); });
+  comm::collectively(comm, [&] {
+    model_state = std::make_unique<ModelState>(*model, context.device, world, rank);
+  });
 }
 
 // One forward and loss on this rank's first rows, in eval mode and without gradients, so that
@@ -442,7 +443,7 @@ void Trainer::State::open_observers() {
           {"parameters", static_cast<double>(parameters.trainable_elements)},
           {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
           {"shared_parameters", static_cast<double>(parameters.shared_elements)},
-          {"averaged_buffer_values", static_cast<double>(model_state->reduce_count())},
+          {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
           {"threads_per_rank", static_cast<double>(at::get_num_threads())},
           {"lower_precision_gemm_speedup", lower_gemm_speedup},
           {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)}};
@@ -469,8 +470,8 @@ void Trainer::State::announce() {
   banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
          << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
          << model->describe() << ": " << parameters.describe();
-  if (model_state->reduce_count() > 0) {
-    banner << "; " << model_state->reduce_count()
+  if (model_state->averaged_values() > 0) {
+    banner << "; " << model_state->averaged_values()
            << " buffer value(s) averaged over the ranks every step";
   }
   banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";

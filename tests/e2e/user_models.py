@@ -120,6 +120,22 @@ class RowCounter(torch.nn.Module):
         return self.lin(x / 100.0)
 
 
+class DoubleTally(torch.nn.Module):
+    """Tallies in a float64 buffer what its training rows hold (sums of x and of x squared,
+    in double): the ranks' changes have more bits than a float32 carries."""
+
+    def __init__(self, features=8, classes=3):
+        super().__init__()
+        self.lin = torch.nn.Linear(features, classes)
+        self.register_buffer("tally", torch.full((2,), 1.0e6, dtype=torch.float64))
+
+    def forward(self, x):
+        if self.training:
+            xd = x.double()
+            self.tally += torch.stack([xd.sum() * 1000.0, (xd * xd).sum() / 3.0])
+        return self.lin(x)
+
+
 class PartlyFrozen(torch.nn.Module):
     def __init__(self, features=8, classes=3):
         super().__init__()

@@ -222,7 +222,7 @@ TEST(ModelState, MeanChangeOverRanksIsExactForUnchangedAndIntegerBuffers) {
   BufferModel model;
   model.mean.copy_(torch::tensor({0.1f, 0.2f, 0.3f}));
   model.count.fill_(7);
-  ModelState state(model, c10::Device(c10::kCPU));
+  ModelState state(model, c10::Device(c10::kCPU), 3, 0);
   state.capture();
   // This rank moved mean[0] by 0.4 and counted 2 micro-batches; the other two ranks' changes
   // (0.2 and 0.0 for mean[0]; 2 and 3 micro-batches) arrive through the sum.
@@ -235,11 +235,60 @@ TEST(ModelState, MeanChangeOverRanksIsExactForUnchangedAndIntegerBuffers) {
   EXPECT_EQ(region[3].item<float>(), 2.0f);
   region[0] += 0.2f;
   region[3] += 5.0f;  // 2 + 3
-  state.apply_mean_change(region, 3);
+  state.apply_mean_change(region);
   EXPECT_NEAR(model.mean[0].item<float>(), 0.1f + 0.6f / 3, 1e-6);
   EXPECT_EQ(model.mean[1].item<float>(), 0.2f) << "unchanged buffers stay bit for bit";
   EXPECT_EQ(model.mean[2].item<float>(), 0.3f);
   EXPECT_EQ(model.count.item<std::int64_t>(), 7 + 2) << "7 + round(7 / 3)";
+}
+
+// A float64 buffer, as a model that tallies in double has.
+class DoubleModel final : public Model {
+ public:
+  at::Tensor tally = torch::full({2}, 1.0e6, torch::kDouble);
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) override { return inputs.at(0); }
+  NamedTensors named_parameters() override { return {}; }
+  NamedTensors named_buffers() override { return {{"tally", tally}}; }
+  void set_training(bool) override {}
+  void to(const c10::Device&) override {}
+  std::string describe() override { return "double buffer"; }
+};
+
+TEST(ModelState, AFloat64BuffersMeanChangeKeepsItsBitsAndIsTheSameOnEveryRank) {
+  // Three ranks' changes with more bits than a float holds: through one float slot each, the
+  // mean moved by up to 2^-24 of the change (the old behaviour, checked to differ below).
+  const int world = 3;
+  const double changes[world][2] = {{1234567.8912345678, 1e-9 / 3}, {0.1, 2.0 / 3}, {-7.25, 0}};
+  std::vector<DoubleModel> models(world);
+  std::vector<std::unique_ptr<ModelState>> states;
+  at::Tensor sum;
+  for (int r = 0; r < world; ++r) {
+    states.push_back(std::make_unique<ModelState>(models[r], c10::Device(c10::kCPU), world, r));
+    EXPECT_EQ(states[r]->reduce_count(), 2 * 3 * world);
+    EXPECT_EQ(states[r]->averaged_values(), 2);
+    states[r]->capture();
+    models[r].tally += torch::tensor({changes[r][0], changes[r][1]}, torch::kDouble);
+    at::Tensor region = torch::full({states[r]->reduce_count()}, 99.0f);  // stale values
+    states[r]->write_changes(region);
+    sum = sum.defined() ? sum + region : region;  // the all-reduce, in float
+  }
+  for (int r = 0; r < world; ++r)
+    states[r]->apply_mean_change(sum);
+  for (int e = 0; e < 2; ++e) {
+    double total = 0.0;  // in rank order, as every rank adds
+    float rounded = 0.0f;
+    for (int r = 0; r < world; ++r) {
+      total += changes[r][e];
+      rounded += static_cast<float>(changes[r][e]);
+    }
+    const double expected = 1.0e6 + total / world;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(models[r].tally[e].item<double>(), expected) << "rank " << r << ", element " << e;
+    }
+    if (e == 0) {
+      EXPECT_NE(1.0e6 + static_cast<double>(rounded) / world, expected);
+    }
+  }
 }
 
 TEST(ModelState, GeneratorStateRoundTrips) {

@@ -16,22 +16,29 @@ namespace autoaccum::train {
 class ModelState {
  public:
   // Snapshot storage is allocated here, once, so capturing never allocates during a step.
-  ModelState(Model& model, c10::Device device);
+  // `rank` of `world`: where this rank writes a float64 buffer's change (below).
+  ModelState(Model& model, c10::Device device, int world = 1, int rank = 0);
 
-  // Floats this state adds to the step's all-reduce: one per element of every floating or
-  // integer buffer (BatchNorm's running statistics and num_batches_tracked).
+  // Floats this state adds to the step's all-reduce. One per element of every float32, half,
+  // bfloat16 or integer buffer (BatchNorm's running statistics and num_batches_tracked): their
+  // changes are summed over the ranks in float, exact for integers while the sum stays below
+  // 2^24. A float64 buffer's change keeps its 53 bits: each rank writes it as kExactSlots floats
+  // (step_agreement.hpp) into slots of its own, kExactSlots x world per element, and every rank
+  // adds the ranks' changes up in double, in rank order, alike.
   std::int64_t reduce_count() const noexcept { return reduce_count_; }
+  std::int64_t averaged_values() const noexcept { return averaged_values_; }  // buffer elements
   std::int64_t buffer_count() const noexcept { return static_cast<std::int64_t>(buffers_.size()); }
 
   void capture();  // buffers and generator states now
   void restore();  // back to the last capture (a failed attempt leaves no trace)
 
-  // Each buffer's change since capture(), as float32, into `region` (reduce_count() floats).
+  // Each buffer's change since capture() into `region` (reduce_count() floats, on the
+  // buffers' device).
   void write_changes(at::Tensor region) const;
   // After the all-reduce of those changes: every buffer becomes its captured value plus the
-  // mean change over `world` ranks (rounded for integer buffers), so every rank holds the same
+  // mean change over the ranks (rounded for integer buffers), so every rank holds the same
   // statistics. Unchanged buffers stay bit for bit; one rank keeps its own values.
-  void apply_mean_change(const at::Tensor& reduced, int world);
+  void apply_mean_change(const at::Tensor& reduced);
 
   // The random generators this process draws from (the CPU's, and the GPU's in use), as bytes
   // for a checkpoint, and back. set_generator_state throws InputError for foreign bytes. Bytes
@@ -44,7 +51,10 @@ class ModelState {
   std::vector<at::Tensor> buffers_;  // distinct buffers, live
   std::vector<at::Tensor> saved_;    // their captured values
   std::vector<bool> reduced_;        // floating or integer: averaged over the ranks
+  int world_ = 1;
+  int rank_ = 0;
   std::int64_t reduce_count_ = 0;
+  std::int64_t averaged_values_ = 0;
   std::vector<c10::Device> generator_devices_;
   std::vector<at::Tensor> saved_generators_;
 };
