@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <numeric>
@@ -121,6 +122,19 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     if (i < reshaped.size() && reshaped[i] > 0)
       out << " (--resume-reshape: a new data order from this epoch on)";
     out << "\n";
+  }
+  // Checkpoints (schema 9): how many, the last, and what writing them cost.
+  const auto saved_at = values(log, "checkpoints", "step");
+  const auto saved_bytes = values(log, "checkpoints", "bytes");
+  const auto saved_seconds = values(log, "checkpoints", "seconds");
+  if (!saved_at.empty() && saved_bytes.size() == saved_at.size() &&
+      saved_seconds.size() == saved_at.size()) {
+    const double seconds = std::accumulate(saved_seconds.begin(), saved_seconds.end(), 0.0);
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(1) << saved_bytes.back() / 1048576.0 << " MiB in "
+         << std::setprecision(2) << saved_seconds.back() << " s; " << seconds << " s in all";
+    out << "  " << saved_at.size() << " checkpoint(s), the last after step "
+        << integer(saved_at.back()) << ": " << line.str() << "\n";
   }
 
   const auto step = values(log, "steps", "step");
@@ -300,7 +314,7 @@ void print_csv(const RunLogData& log, const std::string& group, std::ostream& ou
   if (it == log.groups.end()) {
     throw UsageError("--csv: '" + group +
                      "' is not one of steps, oom, eval, ranks, resumes, rank_sizes, "
-                     "memory_model");
+                     "memory_model, checkpoints");
   }
   const auto& columns = it->second;
   for (std::size_t c = 0; c < columns.size(); ++c)
@@ -348,7 +362,7 @@ Command log_command() {
   c.summary = "Summarise run logs: micro-batch sizes chosen and why, OOMs, throughput, evaluation.";
   c.usage =
       "autoaccum log RUN.h5 [RUN2.h5 ...] [--csv "
-      "steps|oom|eval|ranks|resumes|rank_sizes|memory_model]";
+      "steps|oom|eval|ranks|resumes|rank_sizes|memory_model|checkpoints]";
   c.options.add_options()("logs",
                           po::value<std::vector<std::string>>()->required()->value_name("RUN.h5"),
                           "run log(s); several give a comparison table")(

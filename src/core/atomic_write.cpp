@@ -2,7 +2,9 @@
 #include "autoaccum/core/atomic_write.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <dirent.h>
@@ -81,6 +83,48 @@ void write_file(const std::string& path, const void* data, std::size_t size) {
   }
   if (::close(file) != 0)
     throw InputError("cannot write '" + path + "' (" + std::strerror(errno) + ")");
+}
+
+void check_free_space(const std::string& path, std::uint64_t bytes) {
+  // A file-size limit (ulimit -f) is a full disk for this file: reserved blocks would not lift
+  // it, and the writes past it would fail inside HDF5.
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      bytes > limit.rlim_cur) {
+    throw InputError("cannot write '" + path + "' (" + std::strerror(EFBIG) + ": " +
+                     std::to_string(bytes) + " bytes needed, the file-size limit (ulimit -f) is " +
+                     std::to_string(limit.rlim_cur) + ")");
+  }
+  struct statvfs space {};
+  if (::statvfs(folder_of(path).c_str(), &space) != 0) return;
+  const auto free = static_cast<std::uint64_t>(space.f_bavail) * space.f_frsize;
+  if (free < bytes) {
+    throw InputError("cannot write '" + path + "' (" + std::strerror(ENOSPC) + ": " +
+                     std::to_string(bytes) + " bytes needed, " + std::to_string(free) + " free)");
+  }
+}
+
+void reserve_space(const std::string& path, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  const int file = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (file < 0) throw InputError("cannot write '" + path + "' (" + std::strerror(errno) + ")");
+  int result = 0;
+  do {
+    result = ::fallocate(file, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
+  } while (result != 0 && errno == EINTR);
+  const int error = result == 0 ? 0 : errno;
+  ::close(file);
+  if (error == 0) return;
+  if (error == ENOSPC || error == EDQUOT || error == EFBIG)
+    throw InputError("cannot write '" + path + "' (" + std::strerror(error) + ")");
+  check_free_space(path, bytes);  // EOPNOTSUPP and the like: the file system cannot reserve
+}
+
+std::int64_t release_reserve(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return 0;
+  (void)::truncate(path.c_str(), info.st_size);
+  return static_cast<std::int64_t>(info.st_size);
 }
 
 std::vector<std::string> remove_stale_temporaries(const std::string& path) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "autoaccum/core/atomic_write.hpp"
@@ -15,8 +16,30 @@ namespace {
 
 constexpr const char* kFormat = "autoaccum.checkpoint";
 
-hdf5::DType dtype_of(const at::Tensor& t, const std::string& name) {
-  switch (t.scalar_type()) {
+// Host memory a tensor passes through on its way to the file (from a GPU, or converted).
+constexpr std::int64_t kPieceBytes = std::int64_t{8} << 20;
+
+// Types HDF5 files here do not hold are stored widened (bool as uint8, other integers as int64,
+// half precisions as float32); loading copies them back into the model's own type.
+at::ScalarType stored_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kLong:
+    case at::kByte:
+      return type;
+    case at::kBool:
+      return at::kByte;
+    case at::kHalf:
+    case at::kBFloat16:
+      return at::kFloat;
+    default:
+      return at::isIntegralType(type, false) ? at::kLong : type;
+  }
+}
+
+hdf5::DType dtype_of(at::ScalarType type, const std::string& name) {
+  switch (type) {
     case at::kFloat:
       return hdf5::DType::kFloat32;
     case at::kDouble:
@@ -45,32 +68,34 @@ at::ScalarType scalar_of(hdf5::DType type) {
   }
 }
 
-// Types HDF5 files here do not hold are stored widened (bool as uint8, other integers as int64,
-// half precisions as float32); loading copies them back into the model's own type.
-at::Tensor storable(const at::Tensor& tensor) {
-  switch (tensor.scalar_type()) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kLong:
-    case at::kByte:
-      return tensor;
-    case at::kBool:
-      return tensor.to(at::kByte);
-    case at::kHalf:
-    case at::kBFloat16:
-      return tensor.to(at::kFloat);
-    default:
-      return at::isIntegralType(tensor.scalar_type(), false) ? tensor.to(at::kLong) : tensor;
-  }
+std::int64_t stored_bytes(const at::Tensor& t) {
+  return t.numel() * static_cast<std::int64_t>(at::elementSize(stored_type(t.scalar_type())));
 }
 
+// A host tensor of the stored type goes to the file straight from its memory; any other (on a
+// GPU, of another type, not contiguous) in pieces of whole rows of at most kPieceBytes (or one
+// row).
 void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& tensor) {
-  const at::Tensor t = storable(tensor.detach().contiguous().cpu());
-  std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+  const at::Tensor source = tensor.detach();
+  const at::ScalarType type = stored_type(source.scalar_type());
+  const auto dtype = dtype_of(type, name);
+  std::vector<std::int64_t> shape(source.sizes().begin(), source.sizes().end());
   if (shape.empty()) shape = {1};
-  const auto type = dtype_of(t, name);
-  auto dataset = file.create_dataset(name, type, shape);
-  if (t.numel() > 0) dataset.write_rows(0, shape[0], type, t.data_ptr());
+  auto dataset = file.create_dataset(name, dtype, shape);
+  if (source.numel() == 0) return;
+  if (source.is_cpu() && source.is_contiguous() && source.scalar_type() == type) {
+    dataset.write_rows(0, shape[0], dtype, source.data_ptr());
+    return;
+  }
+  const at::Tensor rows = source.reshape({shape[0], -1});
+  const std::int64_t row_bytes = rows.size(1) * static_cast<std::int64_t>(at::elementSize(type));
+  const std::int64_t step =
+      std::max<std::int64_t>(1, kPieceBytes / std::max<std::int64_t>(1, row_bytes));
+  for (std::int64_t first = 0; first < shape[0]; first += step) {
+    const std::int64_t count = std::min(step, shape[0] - first);
+    const at::Tensor piece = rows.narrow(0, first, count).to(at::kCPU).to(type).contiguous();
+    dataset.write_rows(first, count, dtype, piece.data_ptr());
+  }
 }
 
 at::Tensor read_tensor(const hdf5::File& file, const std::string& name) {
@@ -113,16 +138,101 @@ std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& nam
   return values;
 }
 
+// The optimizer's bytes: held, or streamed (twice: measured, then written).
+std::int64_t optimizer_size(const Checkpoint& c) {
+  if (!c.stream_optimizer) return static_cast<std::int64_t>(c.optimizer.size());
+  std::int64_t size = 0;
+  c.stream_optimizer([&](const void*, std::size_t n) {
+    size += static_cast<std::int64_t>(n);
+    return n;
+  });
+  return size;
+}
+
+void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
+  auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8, {size});
+  if (!c.stream_optimizer) {
+    if (size > 0) state.write_rows(0, size, hdf5::DType::kUInt8, c.optimizer.data());
+    return;
+  }
+  // LibTorch's writer calls the sink from C code (miniz): a failure is returned as "took
+  // nothing", and thrown here once LibTorch has given up.
+  std::int64_t at = 0;
+  std::string failure;
+  try {
+    c.stream_optimizer([&](const void* data, std::size_t n) -> std::size_t {
+      if (!failure.empty()) return 0;
+      const auto count = static_cast<std::int64_t>(n);
+      if (at + count > size) {
+        failure = "internal: the optimizer state grew between measuring and writing it";
+        return 0;
+      }
+      try {
+        if (count > 0) state.write_rows(at, count, hdf5::DType::kUInt8, data);
+      } catch (const std::exception& e) {
+        failure = e.what();
+        return 0;
+      }
+      at += count;
+      return n;
+    });
+  } catch (const std::exception& e) {
+    if (failure.empty()) throw;
+  }
+  if (!failure.empty()) throw InputError(failure);
+  if (at != size)
+    throw Error("internal: the optimizer state shrank between measuring and writing it");
+}
+
+// An upper bound of the file's size: its data, and what HDF5 adds (measured: about 8 KiB, 220
+// bytes per dataset for 400 datasets, 1.1 KiB per dataset for 12; here 8 KiB + 1 KiB per
+// dataset + the attributes' bytes twice).
+std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
+  std::int64_t data = optimizer_bytes;
+  std::int64_t datasets = 6;  // optimizer/state and the integer lists, with room to spare
+  std::int64_t names = 0;
+  for (const auto* list : {&c.params, &c.buffers}) {
+    for (const auto& [name, tensor] : *list) {
+      data += stored_bytes(tensor);
+      names += static_cast<std::int64_t>(name.size()) + 1;
+      ++datasets;
+    }
+  }
+  for (const auto& state : c.generator_states) {
+    data += static_cast<std::int64_t>(state.size());
+    ++datasets;
+  }
+  data += 8 * static_cast<std::int64_t>(c.micro_batches.size() + c.shares.size() +
+                                        c.shares_after.size());
+  std::int64_t longest = 0;  // the name lists are fixed-width strings
+  for (const auto* list : {&c.params, &c.buffers})
+    for (const auto& named : *list)
+      longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(named.first.size()) + 1);
+  const auto listed = static_cast<std::int64_t>(c.params.size() + c.buffers.size());
+  std::int64_t attributes = 1024 + listed * longest + names;
+  for (const auto& f : c.replica_fingerprints)
+    attributes += static_cast<std::int64_t>(f.size()) + 1;
+  for (const auto& f : c.data.files)
+    attributes += static_cast<std::int64_t>(f.size()) + 1;
+  return data + 8192 + 1024 * datasets + 2 * attributes;
+}
+
 }  // namespace
 
 std::string previous_checkpoint_path(const std::string& path) {
   return path + ".prev";
 }
 
-void write_checkpoint(const std::string& path, const Checkpoint& c) {
+std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c) {
+  std::int64_t written = 0;
   write_atomically(path, [&](const std::string& temporary) {
-    // Made in memory and written in one piece: see hdf5::File::create_in_memory.
-    auto file = hdf5::File::create_in_memory(temporary);
+    const std::int64_t optimizer_bytes = optimizer_size(c);
+    const std::int64_t bound = size_bound(c, optimizer_bytes);
+    // Room first, before HDF5 has anything to write: HDF5 1.14 can crash closing a file whose
+    // writes failed on a full disk. The reserved blocks take every later write.
+    check_free_space(temporary, static_cast<std::uint64_t>(bound));
+    auto file = hdf5::File::create(temporary);
+    reserve_space(temporary, static_cast<std::uint64_t>(bound));
     std::vector<std::string> param_names, buffer_names;
     for (const auto& [name, tensor] : c.params) {
       write_tensor(file, "params/" + name, tensor);
@@ -132,12 +242,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
       write_tensor(file, "buffers/" + name, tensor);
       buffer_names.push_back(name);
     }
-    {
-      auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8,
-                                       {static_cast<std::int64_t>(c.optimizer.size())});
-      state.write_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
-                       c.optimizer.data());
-    }
+    write_optimizer(file, c, optimizer_bytes);
     for (std::size_t r = 0; r < c.generator_states.size(); ++r) {
       const std::string& state = c.generator_states[r];
       auto dataset = file.create_dataset("rng/rank" + std::to_string(r), hdf5::DType::kUInt8,
@@ -172,8 +277,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
       file.write_attribute("data_fingerprint", c.data.fingerprint);
       file.write_attribute("data_batch_in_epoch", c.data.batch_in_epoch);
     }
-    const std::vector<char> image = file.close_to_image();
-    write_file(temporary, image.data(), image.size());
+    file.close();
+    written = release_reserve(temporary);
     // The new one is complete: keep the current one as the previous before it is replaced. A
     // hard link gives the previous name while `path` keeps its own, so at every moment `path`
     // names a whole checkpoint (a kill between two renames used to leave only the previous).
@@ -190,6 +295,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
       }
     }
   });
+  return written;
 }
 
 std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) {

@@ -64,6 +64,12 @@ const std::vector<Field<EvalRow>>& eval_fields() {
       {"step", &EvalRow::step}, {"loss", &EvalRow::loss}, {"accuracy", &EvalRow::accuracy}};
   return fields;
 }
+const std::vector<Field<CheckpointRow>>& checkpoint_fields() {
+  static const std::vector<Field<CheckpointRow>> fields = {{"step", &CheckpointRow::step},
+                                                           {"bytes", &CheckpointRow::bytes},
+                                                           {"seconds", &CheckpointRow::seconds}};
+  return fields;
+}
 const std::vector<Field<ResumeRow>>& resume_fields() {
   static const std::vector<Field<ResumeRow>> fields = {{"step", &ResumeRow::step},
                                                        {"dropped_steps", &ResumeRow::dropped_steps},
@@ -119,6 +125,7 @@ const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
       {"resumes", columns_of(resume_fields())},
       {"rank_sizes", columns_of(rank_size_fields())},
       {"memory_model", columns_of(memory_model_fields())},
+      {"checkpoints", columns_of(checkpoint_fields())},
   };
   return all;
 }
@@ -243,6 +250,7 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
   writer.steps_ = rows_of(existing, "steps", step_fields());
   writer.ooms_ = rows_of(existing, "oom", oom_fields());
   writer.evals_ = rows_of(existing, "eval", eval_fields());
+  writer.checkpoints_ = rows_of(existing, "checkpoints", checkpoint_fields());
   writer.resumes_ = rows_of(existing, "resumes", resume_fields());
   writer.rank_sizes_ = rows_of(existing, "rank_sizes", rank_size_fields());
   writer.memory_models_ = rows_of(existing, "memory_model", memory_model_fields());
@@ -255,6 +263,10 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
                      writer.ooms_.end());
   writer.evals_.erase(std::remove_if(writer.evals_.begin(), writer.evals_.end(), later),
                       writer.evals_.end());
+  // The checkpoint the run resumes from was written after `resume_step` steps: it stays.
+  writer.checkpoints_.erase(std::remove_if(writer.checkpoints_.begin(), writer.checkpoints_.end(),
+                                           [&](const auto& row) { return row.step > resume_step; }),
+                            writer.checkpoints_.end());
   writer.rank_sizes_.erase(
       std::remove_if(writer.rank_sizes_.begin(), writer.rank_sizes_.end(), later),
       writer.rank_sizes_.end());
@@ -310,6 +322,7 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
     write_group(file, "steps", step_fields(), steps_);
     write_group(file, "oom", oom_fields(), ooms_);
     write_group(file, "eval", eval_fields(), evals_);
+    write_group(file, "checkpoints", checkpoint_fields(), checkpoints_);
     write_group(file, "resumes", resume_fields(), resumes_);
     write_group(file, "rank_sizes", rank_size_fields(), rank_sizes_);
     write_group(file, "memory_model", memory_model_fields(), memory_models_);

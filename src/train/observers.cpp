@@ -107,9 +107,10 @@ void RunLogObserver::flush() {
   last_flush_ = Clock::now();
 }
 
-void RunLogObserver::on_checkpoint(std::int64_t) {
+void RunLogObserver::on_checkpoint(std::int64_t step, std::int64_t bytes, double seconds) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  if (steps_since_flush_ > 0) flush();
+  writer_.add(io::CheckpointRow{step, bytes, seconds});
+  flush();
 }
 
 void RunLogObserver::on_eval(const EvalEvent& event) {

@@ -121,12 +121,11 @@ OptimizerStep::Result OptimizerStep::apply(const at::Tensor& gradients, double l
   return Result::kStepped;
 }
 
-std::string OptimizerStep::save() const {
-  std::ostringstream out;
+void OptimizerStep::save_to(
+    const std::function<std::size_t(const void*, std::size_t)>& sink) const {
   torch::serialize::OutputArchive archive;
   optimizer_->save(archive);
-  archive.save_to(out);
-  return out.str();
+  archive.save_to(sink);
 }
 
 void OptimizerStep::load(const std::string& bytes, const c10::Device& device) {

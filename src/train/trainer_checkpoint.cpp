@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -367,6 +368,8 @@ void Trainer::State::save_checkpoint() {
   std::vector<std::string> fingerprints = gather_replica_fingerprints();
   // Parameters and buffers are identical on every rank, so rank 0 writes; the others learn how
   // it went.
+  const auto start = std::chrono::steady_clock::now();
+  std::int64_t bytes = 0;
   comm::collectively(comm, [&] {
     if (!root) return;
     io::Checkpoint c;
@@ -386,20 +389,19 @@ void Trainer::State::save_checkpoint() {
       c.loss_scale = loss_scale.value();
       c.loss_scale_clean_steps = loss_scale.clean_steps();
     }
-    // Host copies (a no-op on the CPU): the checkpoint writer reads host memory.
+    // Where they are: the writer copies from a GPU in bounded pieces, and streams the
+    // optimizer's state as LibTorch serializes it (never whole in host memory).
     c.params = model->named_parameters();
     c.buffers = model->named_buffers();
-    for (auto* list : {&c.params, &c.buffers}) {
-      for (auto& named : *list)
-        named.second = named.second.detach().to(at::kCPU);
-    }
-    c.optimizer = optimizer->save();
+    c.stream_optimizer = [&](const io::ByteSink& sink) { optimizer->save_to(sink); };
     c.generator_states = std::move(generators);
     c.replica_fingerprints = std::move(fingerprints);
-    io::write_checkpoint(options.checkpoint, c);
+    bytes = io::write_checkpoint(options.checkpoint, c);
   });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   checkpoint_step = step;
-  notify([&](StepObserver& o) { o.on_checkpoint(step); });
+  notify([&](StepObserver& o) { o.on_checkpoint(step, bytes, seconds); });
 }
 
 }  // namespace autoaccum::train

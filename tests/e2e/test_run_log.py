@@ -109,6 +109,30 @@ class RunLogIntegrity(unittest.TestCase):
         with h5py.File(log, "r") as f:
             self.assertEqual(text(f.attrs["status"]), "running")
 
+    def test_every_checkpoint_has_a_row_with_its_size_and_a_resume_keeps_those_before_it(self):
+        log, checkpoint = os.path.join(self.dir, "saved.h5"), os.path.join(self.dir, "saved.ckpt")
+        r = subprocess.run(self.command(log, checkpoint, 7, checkpoint_every=3),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        size = os.path.getsize(checkpoint)
+        with h5py.File(log, "r") as f:
+            np.testing.assert_array_equal(f["checkpoints/step"][:], [3, 6, 7])
+            self.assertEqual(int(f["checkpoints/bytes"][-1]), size)
+            self.assertEqual(int(f["checkpoints/bytes"][1]), os.path.getsize(checkpoint + ".prev"))
+            self.assertTrue(np.all(f["checkpoints/seconds"][:] > 0))
+            self.assertEqual(int(f.attrs["schema_version"]), 9)
+        r = autoaccum(1, "log", log)
+        self.assertIn(f"3 checkpoint(s), the last after step 7: {size / 2**20:.1f} MiB in", r.stdout)
+        # Resumed from step 7 (its checkpoint) to 9: the rows up to 7 stay, one more at 9.
+        r = subprocess.run(self.command(log, checkpoint, 9, checkpoint_every=3),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with h5py.File(log, "r") as f:
+            np.testing.assert_array_equal(f["checkpoints/step"][:], [3, 6, 7, 9])
+        r = autoaccum(1, "log", log, "--csv", "checkpoints")
+        self.assertEqual([int(row["step"]) for row in csv.DictReader(io.StringIO(r.stdout))],
+                         [3, 6, 7, 9])
+
     def test_a_failed_write_then_a_good_one_leaves_each_row_once(self):
         disk = os.path.join(self.dir, "small-disk")
         with small_disk(self, disk, "2m"):

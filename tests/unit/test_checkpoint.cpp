@@ -44,5 +44,42 @@ TEST(Checkpoint, ANewestThatRunsOutOfMemoryWhileReadFallsBackToThePrevious) {
   std::remove(previous_checkpoint_path(path).c_str());
 }
 
+TEST(Checkpoint, TensorsOfEveryKindAndAStreamedOptimizerRoundTrip) {
+  // A bfloat16 tensor stored as float32 (18 MB: written in 8 MiB pieces of rows), a transposed
+  // (not contiguous) one, a bool one, a scalar; optimizer bytes streamed in uneven pieces.
+  const std::string path = "/tmp/autoaccum-unit-kinds-" + std::to_string(::getpid()) + ".h5";
+  torch::manual_seed(1);
+  const at::Tensor big = torch::randn({3000, 1500}).to(torch::kBFloat16);
+  const at::Tensor transposed = torch::randn({40, 30}).t();
+  const at::Tensor flags = torch::rand({17}) > 0.5;
+  const at::Tensor scalar = torch::tensor(2.5, torch::kDouble);
+  Checkpoint c;
+  c.step = 7;
+  c.params = {{"big", big}, {"transposed", transposed}, {"flags", flags}, {"scalar", scalar}};
+  std::string bytes(300007, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<char>((i * 7919) % 251);
+  int calls = 0;
+  c.stream_optimizer = [&](const ByteSink& sink) {
+    ++calls;
+    std::size_t at = 0;
+    for (std::size_t piece : {std::size_t{1}, std::size_t{100000}, std::size_t{200006}}) {
+      ASSERT_EQ(sink(bytes.data() + at, piece), piece);
+      at += piece;
+    }
+  };
+  const std::int64_t written = write_checkpoint(path, c);
+  EXPECT_EQ(calls, 2) << "measured, then written";
+  EXPECT_GT(written, 3000 * 1500 * 4);
+  const Checkpoint back = read_checkpoint(path);
+  ASSERT_EQ(back.params.size(), 4u);
+  EXPECT_TRUE(torch::equal(back.params[0].second, big.to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(back.params[1].second, transposed));
+  EXPECT_TRUE(torch::equal(back.params[2].second, flags.to(torch::kByte)));
+  EXPECT_EQ(back.params[3].second.item<double>(), 2.5);
+  EXPECT_EQ(back.optimizer, bytes);
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace autoaccum::io

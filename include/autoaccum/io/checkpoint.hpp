@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +25,9 @@ struct DataOrder {
   std::int64_t batch_in_epoch = 0;  // data_batch_in_epoch: the next step's batch in its epoch
 };
 
+// Takes bytes in order and returns how many it took (fewer: the write failed).
+using ByteSink = std::function<std::size_t(const void*, std::size_t)>;
+
 struct Checkpoint {
   std::int64_t step = 0;         // optimizer steps completed
   std::int64_t epoch = 0;        // epoch of the next step
@@ -42,9 +46,14 @@ struct Checkpoint {
   // loss_scale, loss_scale_clean_steps).
   double loss_scale = 0;
   std::int64_t loss_scale_clean_steps = 0;
-  std::vector<std::pair<std::string, at::Tensor>> params;   // params/<name>
-  std::vector<std::pair<std::string, at::Tensor>> buffers;  // buffers/<name>
+  // params/<name>, buffers/<name>: on the CPU or a GPU; written from where they are.
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
   std::string optimizer;  // LibTorch's serialized optimizer state, at optimizer/state
+  // For writing, instead of `optimizer`: gives the same bytes to a sink as they are made, so
+  // they are never held whole. Called twice (to measure, then to write): the same bytes each
+  // time.
+  std::function<void(const ByteSink&)> stream_optimizer;
   // Each rank's random-number generator state (opaque bytes), at rng/rank<R>; empty in
   // checkpoints written before autoaccum saved them.
   std::vector<std::string> generator_states;
@@ -55,8 +64,12 @@ struct Checkpoint {
 
 // Written under a temporary name and renamed onto `path`; the checkpoint that was at `path`
 // becomes `previous_checkpoint_path(path)`, so the last two are kept and a crash at any moment
-// leaves at least one whole.
-void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// leaves at least one whole. Tensors go to the file as they are (from a GPU or a converted type:
+// through bounded host pieces), so writing costs little memory besides the model's own. The
+// file's size is reserved on its file system before anything is written (a full disk or quota
+// is an InputError then, with nothing written and the previous checkpoints untouched). Returns
+// the bytes written.
+std::int64_t write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 std::string previous_checkpoint_path(const std::string& path);  // path + ".prev"
 
 struct LoadedCheckpoint {

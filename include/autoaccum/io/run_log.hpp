@@ -14,7 +14,8 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 2: the `resumes` group; the file is rewritten whole at each flush.
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
 // 8: `resumes/global_batch` and `resumes/reshaped` (--resume-reshape).
-inline constexpr std::int64_t kRunLogSchemaVersion = 8;
+// 9: the `checkpoints` group (every checkpoint written: its step, bytes and seconds).
+inline constexpr std::int64_t kRunLogSchemaVersion = 9;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -82,6 +83,14 @@ struct EvalRow {
   double accuracy = 0;  // NaN for regression
 };
 
+// A checkpoint written after `step` steps: its size and how long rank 0 took to write it
+// (serializing, writing, fsync and renames), while the other ranks waited.
+struct CheckpointRow {
+  std::int64_t step = 0;
+  std::int64_t bytes = 0;
+  double seconds = 0;
+};
+
 // A resumed run continued the log at `step`, dropping the rows the previous run had logged at or
 // after it (steps done after its last checkpoint, computed again now).
 struct ResumeRow {
@@ -131,6 +140,7 @@ class RunLogWriter {
   void add(const StepRow& row) { steps_.push_back(row); }
   void add(const OomRow& row) { ooms_.push_back(row); }
   void add(const EvalRow& row) { evals_.push_back(row); }
+  void add(const CheckpointRow& row) { checkpoints_.push_back(row); }
   void add(const RankSizeRow& row) { rank_sizes_.push_back(row); }
   void add(const MemoryModelRow& row) { memory_models_.push_back(row); }
   void set_peak_bytes(std::vector<std::int64_t> per_rank) { peak_bytes_ = std::move(per_rank); }
@@ -153,6 +163,7 @@ class RunLogWriter {
   std::vector<StepRow> steps_;
   std::vector<OomRow> ooms_;
   std::vector<EvalRow> evals_;
+  std::vector<CheckpointRow> checkpoints_;
   std::vector<ResumeRow> resumes_;
   std::vector<RankSizeRow> rank_sizes_;
   std::vector<MemoryModelRow> memory_models_;
@@ -170,7 +181,7 @@ struct RunLogData {
     std::vector<double> values;
   };
   // group -> columns in schema order ("steps", "oom", "eval", "ranks", "resumes",
-  // "rank_sizes")
+  // "rank_sizes", "memory_model", "checkpoints")
   std::map<std::string, std::vector<Column>> groups;
   std::vector<std::string> hostnames;
   const Column* column(const std::string& group, const std::string& name) const;

@@ -84,7 +84,12 @@ class StepObserver {
   virtual void on_eval(const EvalEvent&) {}
   virtual void on_prediction(const MemoryPrediction&) {}
   // A checkpoint of the state after step `step` (1-based count of finished steps) was written.
-  virtual void on_checkpoint(std::int64_t step) { (void)step; }
+  // A checkpoint was written after `step` steps: `bytes` in `seconds` (rank 0's; 0 elsewhere).
+  virtual void on_checkpoint(std::int64_t step, std::int64_t bytes, double seconds) {
+    (void)step;
+    (void)bytes;
+    (void)seconds;
+  }
   virtual void on_message(const std::string&) {}  // notes for the user (probes, resume, skips)
   // The run ends: "completed", "failed" (with `message`) or "preempted".
   virtual void on_finish(const std::string& status, const std::string& message,
@@ -109,7 +114,7 @@ class RunLogObserver final : public StepObserver {
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
   void on_prediction(const MemoryPrediction& event) override;
-  void on_checkpoint(std::int64_t step) override;
+  void on_checkpoint(std::int64_t step, std::int64_t bytes, double seconds) override;
   void on_finish(const std::string& status, const std::string& message,
                  std::int64_t final_micro_batch) override;
 

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,7 +43,9 @@ class OptimizerStep {
   // takes them alike, bit for bit: replicas cannot drift apart through them.
   Result apply(const at::Tensor& gradients, double loss, double lr);
 
-  std::string save() const;                                        // LibTorch's archive, as bytes
+  // LibTorch's archive of the state, given to `sink` as LibTorch makes it (each state tensor
+  // from its own memory: never whole in host memory).
+  void save_to(const std::function<std::size_t(const void*, std::size_t)>& sink) const;
   void load(const std::string& bytes, const c10::Device& device);  // c10::Error on mismatch
 
  private:
