@@ -163,6 +163,63 @@ class ResumeKeepsTheDataOrder(TempDirTest):
         with h5py.File(ck, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 42)
 
+    def test_resume_reshape_of_documents_cut_by_tokens_reads_every_document_once_per_epoch(self):
+        # 48 documents of 2-8 tokens, the first naming the document; batches cut by tokens
+        # (whole documents in file order up to the budget, a tail the data ended dropped).
+        rng = np.random.default_rng(4)
+        lengths = rng.integers(2, 9, 48)
+        docs = [np.concatenate([[i], rng.integers(0, 48, n - 1)]) for i, n in enumerate(lengths)]
+        data = self.path("docs.h5")
+        with h5py.File(data, "w") as f:
+            f["tokens"] = np.concatenate(docs).astype(np.uint16)
+            f["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            f.attrs["num_classes"] = 48
+        model = um.save_scripted(um.DocumentCounter(48), self.path("doc-counter.pt"))
+        ck, log = self.path("docs.ckpt.h5"), self.path("docs.log.h5")
+
+        def plan(budget):
+            """docs/data-format.md's cut: (documents read per epoch as 0/1, batches per epoch)."""
+            read, begin, used, batches = np.zeros(48), 0, 0, 0
+            for i, n in enumerate(lengths):
+                if used + n > budget:
+                    read[begin:i], begin, used, batches = 1, i, 0, batches + 1
+                used += n
+            if used + lengths.min() > budget:  # else the data ended the last batch: dropped
+                read[begin:], batches = 1, batches + 1
+            return read, batches
+
+        def run(*args):
+            return autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
+                             "--log-every", 0, "--micro-batch-tokens", 16, "--shuffle", "batch",
+                             "--checkpoint", ck, "--run-log", log, *args, timeout=120)
+
+        def counts():
+            return um.checkpoint_tensors(ck)[1]["seen"] * 2  # averaged over 2 ranks
+
+        (first, per_epoch), (second, per_epoch_after) = plan(40), plan(64)
+        r = run("--global-batch-tokens", 40, "--seed", 1, "--steps", per_epoch + 2)
+        self.assertEqual(r.returncode, 0, r)
+        before = digest(ck)
+        r = run("--global-batch-tokens", 64, "--seed", 1, "--epochs", 4, "--resume-reshape")
+        self.assertEqual(r.returncode, 1, r)
+        errors = um.error_lines(r)
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("is at batch 2 of epoch 1", errors[0])
+        self.assertIn(f"resume first with --global-batch-tokens 40 --shuffle batch --seed 1 "
+                      f"--steps {2 * per_epoch}", errors[0])
+        self.assertEqual(digest(ck), before)
+        r = run("--global-batch-tokens", 40, "--seed", 1, "--steps", 2 * per_epoch, "--resume")
+        self.assertEqual(r.returncode, 0, r)
+        np.testing.assert_array_equal(counts(), 2 * first)
+        # Another budget and seed for epochs 2 and 3: each reads its plan's documents once.
+        r = run("--global-batch-tokens", 64, "--seed", 2, "--epochs", 4, "--resume-reshape")
+        self.assertEqual(r.returncode, 0, r)
+        np.testing.assert_array_equal(counts(), 2 * first + 2 * second)
+        with h5py.File(ck, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 2 * per_epoch + 2 * per_epoch_after)
+            self.assertEqual(int(f.attrs["epoch"]), 4)
+            self.assertEqual(int(f.attrs["data_global_batch_tokens"]), 64)
+
 
 class ReplicasStayEqual(TempDirTest):
     """Ranks on different hardware take every decision after the all-reduce alike: with

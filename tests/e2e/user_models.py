@@ -120,6 +120,23 @@ class RowCounter(torch.nn.Module):
         return self.lin(x / 100.0)
 
 
+class DocumentCounter(torch.nn.Module):
+    """Counts in a buffer how often each document was trained on: a document's first token is
+    its index (the vocabulary is the number of documents). Averaged over the ranks, so the
+    buffer times the ranks is the count."""
+
+    def __init__(self, documents):
+        super().__init__()
+        self.tok = torch.nn.Embedding(documents, 4)
+        self.head = torch.nn.Linear(4, documents)
+        self.register_buffer("seen", torch.zeros(documents))
+
+    def forward(self, x):
+        if self.training:
+            self.seen.index_add_(0, x[:, 0], torch.ones(x.shape[0]))
+        return self.head(torch.tanh(self.tok(x)))
+
+
 class DoubleTally(torch.nn.Module):
     """Tallies in a float64 buffer what its training rows hold (sums of x and of x squared,
     in double): the ranks' changes have more bits than a float32 carries."""
