@@ -98,21 +98,29 @@ def slurm_job_state(slurm, job):
     return fields.get("JobState"), int(fields.get("Restarts", 0)), fields.get("ExitCode")
 
 
-def preempt_and_requeue(slurm, job, log, min_steps=100, seconds=240):
-    """Waits until `job` has logged `min_steps` steps in run log `log`, signals it as a
-    preemption would (scancel --signal=USR1: the job script checkpoints and requeues), lets the
-    requeued job start at once (Slurm would hold it about two minutes), and waits until it
-    ends. Returns slurm_job_state's triple."""
-    import h5py  # only the Slurm tests need it here
+def preempt_and_requeue(slurm, job, output, line, seconds=240):
+    """Waits until `job`'s output file `output` holds `line`, signals the job as a preemption
+    would (scancel --signal=USR1: the job script checkpoints and requeues), lets the requeued
+    job start at once (Slurm would hold it about two minutes), and waits until it ends. Returns
+    slurm_job_state's triple.
+
+    The job must not be able to end before the signal arrives, whatever the machine's speed:
+    give it an --inject-stall a little after the step that prints `line` (the signal then comes
+    during the stall at the latest). A job merely long enough to be signalled mid-run ended
+    first on a fast machine (3000 steps in 4 s)."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        try:
-            with h5py.File(log, "r") as f:
-                if len(f["steps/step"]) >= min_steps:
+        with contextlib.suppress(OSError):
+            with open(output) as f:
+                if line in f.read():
                     break
-        except (OSError, KeyError):
-            pass
-        time.sleep(0.3)
+        time.sleep(0.2)
+    else:
+        with contextlib.suppress(OSError):
+            with open(output) as f:
+                said = f.read()
+        raise RuntimeError(f"job {job} never printed {line!r} in {output} (90 s); it printed:\n"
+                           + locals().get("said", "(nothing)"))
     if slurm("scancel", "--signal=USR1", job).returncode != 0:
         raise RuntimeError(f"scancel --signal=USR1 {job} failed")
     deadline = time.monotonic() + seconds

@@ -298,14 +298,18 @@ class TwoNodes(Cluster):
 
     def test_a_preempted_job_is_requeued_and_resumes_across_nodes_bit_for_bit(self):
         self.wait_idle()
-        steps = "12000"  # long enough to be signalled mid-run
+        # Signalled once step 1000's line is out; a 20 s stall at step 1100 keeps the job from
+        # ending first however fast it runs (harness.preempt_and_requeue).
+        steps = "12000"
         r = self.slurm("sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
                        "--output", f"{self.runs}/slurm-%j.out", MULTI, "--data", self.data,
-                       "--steps", steps, "--log-every", "1000")
+                       "--steps", steps, "--log-every", "1000",
+                       "--inject-stall", "rank=0,step=1100,seconds=20")
         self.assertEqual(r.returncode, 0, r.stderr)
         job = r.stdout.strip().split(";")[0]
-        log, checkpoint = f"{self.runs}/{job}.h5", f"{self.runs}/{job}.ckpt.h5"
-        state, restarts, exit_code = preempt_and_requeue(self.slurm, job, log)
+        checkpoint = f"{self.runs}/{job}.ckpt.h5"
+        state, restarts, exit_code = preempt_and_requeue(
+            self.slurm, job, f"{self.runs}/slurm-{job}.out", f"step 1000/{steps}")
         output = "".join(read(p) for p in glob.glob(f"{self.runs}/slurm-{job}.out"))
         with open(os.path.join(self.state, "log", "slurmctld.log")) as ctld:
             said = [l for l in ctld if f"JobId={job} " in l or f"JobId={job}\n" in l]

@@ -111,18 +111,21 @@ class Slurm(unittest.TestCase):
         self.assertEqual(rows[1].split()[1:4], ["completed", "2", "200"])
 
     def test_preempted_job_is_requeued_resumes_and_matches_an_uninterrupted_run(self):
-        # Long enough to be signalled mid-run (the signal comes after 100 logged steps and
-        # stopped it near step 200), short enough to finish well inside the wait for the
-        # requeued job: 20000 steps took 200-230 s at 85-100 steps/s on Debian 13 and ran past
-        # the 240 s wait once under load. 3000: 10-40 s.
+        # The signal is sent once step 100 has tried the size it lowered from (its line in the
+        # output) and reaches the job by the end of a 20 s stall at step 150 at the latest,
+        # however fast the steps run (3000 steps once ended in 4 s, before a signal sent after
+        # 100 logged steps). The requeued job stalls again if it resumes at 150; it sleeps,
+        # nothing else changes. 3000 steps take 10-40 s.
         steps = "3000"
         r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
-                       "--data", self.data, "--steps", steps, "--log-every", "1000")
+                       "--data", self.data, "--steps", steps, "--log-every", "1000",
+                       "--inject-stall", "rank=0,step=150,seconds=20")
         self.assertEqual(r.returncode, 0, r.stderr)
         job = r.stdout.strip().split(";")[0]
         log = f"{self.dir}/runs/{job}.h5"
         checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
-        state, restarts, exit_code = preempt_and_requeue(self.slurm, job, log)
+        state, restarts, exit_code = preempt_and_requeue(
+            self.slurm, job, f"{self.dir}/runs/slurm-{job}.out", "again after 100 clean steps")
         with open(f"{self.dir}/runs/slurm-{job}.out") as out:
             output = out.read()
         self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
