@@ -124,13 +124,19 @@ def preempt_and_requeue(slurm, job, output, line, seconds=240):
     if slurm("scancel", "--signal=USR1", job).returncode != 0:
         raise RuntimeError(f"scancel --signal=USR1 {job} failed")
     deadline = time.monotonic() + seconds
+    pending_since = None
     released = False
     while time.monotonic() < deadline:
         state, restarts, exit_code = slurm_job_state(slurm, job)
-        if state == "PENDING" and restarts >= 1 and not released:
+        if state == "PENDING" and restarts >= 1 and pending_since is None:
+            pending_since = time.monotonic()
+        # Released 3 s after the requeue, not at once: the nodes revoke the first run's
+        # credential, and a new one issued within the same second is refused as revoked (the
+        # requeued job then failed with exit code 1 before its script ran).
+        if pending_since is not None and not released and time.monotonic() - pending_since >= 3:
             slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
             released = True
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
-        time.sleep(1)
+        time.sleep(0.5)
     return state, restarts, exit_code

@@ -298,13 +298,13 @@ class TwoNodes(Cluster):
 
     def test_a_preempted_job_is_requeued_and_resumes_across_nodes_bit_for_bit(self):
         self.wait_idle()
-        # Signalled once step 1000's line is out; a 20 s stall at step 1100 keeps the job from
-        # ending first however fast it runs (harness.preempt_and_requeue).
+        # Signalled when "step 1000/12000" is printed; it arrives during the 20 s stall that
+        # starts right after, however fast the job runs (harness.preempt_and_requeue).
         steps = "12000"
         r = self.slurm("sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
                        "--output", f"{self.runs}/slurm-%j.out", MULTI, "--data", self.data,
                        "--steps", steps, "--log-every", "1000",
-                       "--inject-stall", "rank=0,step=1100,seconds=20")
+                       "--inject-stall", "rank=0,step=1000,seconds=20")
         self.assertEqual(r.returncode, 0, r.stderr)
         job = r.stdout.strip().split(";")[0]
         checkpoint = f"{self.runs}/{job}.ckpt.h5"

@@ -111,21 +111,21 @@ class Slurm(unittest.TestCase):
         self.assertEqual(rows[1].split()[1:4], ["completed", "2", "200"])
 
     def test_preempted_job_is_requeued_resumes_and_matches_an_uninterrupted_run(self):
-        # The signal is sent once step 100 has tried the size it lowered from (its line in the
-        # output) and reaches the job by the end of a 20 s stall at step 150 at the latest,
-        # however fast the steps run (3000 steps once ended in 4 s, before a signal sent after
-        # 100 logged steps). The requeued job stalls again if it resumes at 150; it sleeps,
-        # nothing else changes. 3000 steps take 10-40 s.
+        # The signal is sent when "step 150/3000" is printed (150 steps done, step 100's try of
+        # the size it lowered from among them) and reaches the job during the 20 s stall that
+        # starts right after, however fast the steps run (3000 steps once ended in 4 s, before
+        # a signal sent after 100 logged steps). The requeued job resumes at 150 and stalls
+        # again; it sleeps, nothing else changes. 3000 steps take 10-40 s.
         steps = "3000"
         r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
-                       "--data", self.data, "--steps", steps, "--log-every", "1000",
+                       "--data", self.data, "--steps", steps, "--log-every", "50",
                        "--inject-stall", "rank=0,step=150,seconds=20")
         self.assertEqual(r.returncode, 0, r.stderr)
         job = r.stdout.strip().split(";")[0]
         log = f"{self.dir}/runs/{job}.h5"
         checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
         state, restarts, exit_code = preempt_and_requeue(
-            self.slurm, job, f"{self.dir}/runs/slurm-{job}.out", "again after 100 clean steps")
+            self.slurm, job, f"{self.dir}/runs/slurm-{job}.out", f"step 150/{steps}")
         with open(f"{self.dir}/runs/slurm-{job}.out") as out:
             output = out.read()
         self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
