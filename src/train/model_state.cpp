@@ -86,17 +86,12 @@ void ModelState::write_changes(at::Tensor region) const {
       slot.copy_(buffers_[i].reshape({n}));  // in place: no temporary per step
       slot.sub_(saved_[i].reshape({n}));
     } else if (buffers_[i].scalar_type() == at::kDouble) {
-      // The change (exact in double) as three float pieces per element, on the device (as
-      // write_exact does on the host), in this rank's slots; the other ranks' stay zero.
-      const at::Tensor change = (buffers_[i] - saved_[i]).reshape({n});
-      const at::Tensor high = change.to(at::kFloat);
-      const at::Tensor rest = change - high.to(at::kDouble);
-      const at::Tensor middle = rest.to(at::kFloat);
-      const at::Tensor low = (rest - middle.to(at::kDouble)).to(at::kFloat);
+      // The change (exact in double) as float pieces in this rank's slots; the other ranks'
+      // stay zero.
       slot.zero_();
       slot.narrow(0, static_cast<std::int64_t>(kExactSlots) * n * rank_,
                   static_cast<std::int64_t>(kExactSlots) * n)
-          .copy_(at::stack({high, middle, low}, 1).reshape({-1}));
+          .copy_(exact_pieces(buffers_[i] - saved_[i]));
     } else {
       slot.copy_((buffers_[i] - saved_[i]).reshape({n}));  // exact for integers below 2^24
     }
@@ -139,6 +134,16 @@ void ModelState::apply_mean_change(const at::Tensor& reduced) {
       buffer.add_(change.div(world_).round_().to(buffer.scalar_type()));
     }
   }
+}
+
+at::Tensor exact_pieces(const at::Tensor& values) {
+  static_assert(kExactSlots == 3, "high, middle and low pieces");
+  const at::Tensor v = values.to(at::kDouble).reshape({-1});
+  const at::Tensor high = v.to(at::kFloat);
+  const at::Tensor rest = v - high.to(at::kDouble);
+  const at::Tensor middle = rest.to(at::kFloat);
+  const at::Tensor low = (rest - middle.to(at::kDouble)).to(at::kFloat);
+  return at::stack({high, middle, low}, 1).reshape({-1});
 }
 
 std::string ModelState::generator_state() const {

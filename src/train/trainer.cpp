@@ -195,16 +195,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
   write_report(control, rank, report, control_values.data());
   reduce->write(control_region, control_values.data());
   if (local_loss.defined()) {
-    // On the device, without a host synchronisation: the values' exact float pieces
-    // (write_exact's, for finite values in float's range).
+    // On the device, without a host synchronisation: the values' exact float pieces.
     at::Tensor slots = reduce->view(control_region);
-    const auto exact_pieces = [](const at::Tensor& value) {
-      const at::Tensor v = value.reshape({1});
-      const at::Tensor high = v.to(at::kFloat);
-      const at::Tensor rest = v - high.to(at::kDouble);
-      const at::Tensor middle = rest.to(at::kFloat);
-      return at::cat({high, middle, (rest - middle.to(at::kDouble)).to(at::kFloat)});
-    };
     const auto pieces = static_cast<std::int64_t>(kExactSlots);
     slots.narrow(0, static_cast<std::int64_t>(control.loss(rank)), pieces)
         .copy_(exact_pieces(local_loss));

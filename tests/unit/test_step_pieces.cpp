@@ -291,6 +291,20 @@ TEST(ModelState, AFloat64BuffersMeanChangeKeepsItsBitsAndIsTheSameOnEveryRank) {
   }
 }
 
+TEST(ExactPieces, AreWriteExactsPiecesComputedOnTensors) {
+  const std::vector<double> values = {1234567.8912345678, -0.1, 1e-30, 16777217.0, 0.0, 2.0 / 3};
+  const at::Tensor pieces = exact_pieces(torch::tensor(values, torch::kDouble));
+  ASSERT_EQ(pieces.numel(), static_cast<std::int64_t>(values.size() * kExactSlots));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    float expected[kExactSlots];
+    write_exact(values[i], expected);
+    for (std::size_t k = 0; k < kExactSlots; ++k)
+      EXPECT_EQ(pieces[static_cast<std::int64_t>(i * kExactSlots + k)].item<float>(), expected[k])
+          << values[i] << " piece " << k;
+    EXPECT_EQ(read_exact(expected), values[i]);
+  }
+}
+
 TEST(ModelState, GeneratorStateRoundTrips) {
   BufferModel model;
   ModelState state(model, c10::Device(c10::kCPU));

@@ -59,6 +59,12 @@ class ModelState {
   std::vector<at::Tensor> saved_generators_;
 };
 
+// Double values as the float pieces write_exact (step_agreement.hpp) makes of them, computed on
+// their device without a host synchronisation: kExactSlots floats per value, one value after
+// the other (for finite values in float's range). Used for the step's exact control values and
+// float64 buffer changes.
+at::Tensor exact_pieces(const at::Tensor& values);
+
 // Seeds every generator of this process from the run's seed and the rank: dropout masks differ
 // between ranks and are reproducible run to run.
 void seed_generators_for_rank(std::uint64_t seed, int rank);
