@@ -186,6 +186,12 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     o.inject_overflow = train::parse_overflow_injections(vm["inject-overflow"].as<std::string>());
   if (vm.count("inject-stall"))
     o.inject_stall = core::parse_stall_injections(vm["inject-stall"].as<std::string>());
+  o.overlap = vm["overlap"].as<std::string>();
+  if (o.overlap != "auto" && o.overlap != "on" && o.overlap != "off")
+    throw UsageError("--overlap: '" + o.overlap + "' is not one of auto, on, off");
+  o.bucket_mib = vm["bucket-mib"].as<double>();
+  if (!(o.bucket_mib > 0) || !std::isfinite(o.bucket_mib) || o.bucket_mib > 4096)
+    throw UsageError("--bucket-mib: must be a size in MiB above 0 and at most 4096");
   o.collective_timeout_seconds = vm["collective-timeout"].as<double>();
   if (!(o.collective_timeout_seconds >= 0) || !std::isfinite(o.collective_timeout_seconds))
     throw UsageError("--collective-timeout: must be a number of seconds >= 0 (0: no deadline)");
@@ -301,6 +307,12 @@ Command train_command() {
       "device");
   add("backend", po::value<std::string>()->default_value("auto")->value_name("auto|mpi|nccl"),
       "gradient all-reduce backend");
+  add("overlap", po::value<std::string>()->default_value("auto")->value_name("auto|on|off"),
+      "all-reduce the gradients in buckets while the last micro-batch's backward pass runs, "
+      "instead of after it (same sums, same out-of-memory agreement). auto: on when the ranks "
+      "span several nodes (CPU); on one node the all-reduce is shared memory and cheap");
+  add("bucket-mib", po::value<double>()->default_value(4, "4")->value_name("MIB"),
+      "--overlap: gradient bytes per bucket (a larger parameter makes a bucket of its own)");
   add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE[,SIZE..]"),
       "memory budget per rank, e.g. 96MiB; past it allocations fail as on a full GPU. A list "
       "gives rank i item i (cycling): mixed nodes, drills");

@@ -3,14 +3,14 @@
 
 namespace autoaccum::comm {
 
-void Communicator::allreduce_sum(float* data, std::size_t count) {
+void Communicator::allreduce_sum(float* data, std::size_t count, const char* what) {
   ++data_allreduce_calls_;
-  do_allreduce_sum(data, count);
+  do_allreduce_sum(data, count, what);
 }
 
-void Communicator::allreduce_sum(double* data, std::size_t count) {
+void Communicator::allreduce_sum(double* data, std::size_t count, const char* what) {
   ++data_allreduce_calls_;
-  do_allreduce_sum(data, count);
+  do_allreduce_sum(data, count, what);
 }
 
 std::int64_t Communicator::allreduce_max(std::int64_t value) {

@@ -126,6 +126,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
       hosts_.emplace_back(all.data() + static_cast<std::size_t>(r) * kHostBytes);
     int level = MPI_THREAD_SINGLE;
     check_mpi(MPI_Query_thread(&level), "MPI_Query_thread");
+    any_thread_ = level >= MPI_THREAD_SERIALIZED;
     if (level == MPI_THREAD_MULTIPLE) {
       channel_ = std::make_unique<MpiWatchChannel>(comm_, rank_, size_, hosts_);
       watchdog().attach(channel_.get());
@@ -163,12 +164,14 @@ void MpiCommunicator::allreduce(void* data, std::size_t count, MPI_Datatype type
   }
 }
 
-void MpiCommunicator::do_allreduce_sum(float* data, std::size_t count) {
-  allreduce(data, count, MPI_FLOAT, sizeof(float), MPI_SUM, "MPI_Allreduce(float, sum)");
+void MpiCommunicator::do_allreduce_sum(float* data, std::size_t count, const char* what) {
+  allreduce(data, count, MPI_FLOAT, sizeof(float), MPI_SUM,
+            what ? what : "MPI_Allreduce(float, sum)");
 }
 
-void MpiCommunicator::do_allreduce_sum(double* data, std::size_t count) {
-  allreduce(data, count, MPI_DOUBLE, sizeof(double), MPI_SUM, "MPI_Allreduce(double, sum)");
+void MpiCommunicator::do_allreduce_sum(double* data, std::size_t count, const char* what) {
+  allreduce(data, count, MPI_DOUBLE, sizeof(double), MPI_SUM,
+            what ? what : "MPI_Allreduce(double, sum)");
 }
 
 void MpiCommunicator::allreduce_max(std::int64_t* values, std::size_t count) {

@@ -315,13 +315,13 @@ void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::s
 
 }  // namespace
 
-void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count) {
-  const Watchdog::Guard guard(watchdog(), "ncclAllReduce(float, sum)");
+void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count, const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllReduce(float, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat32);
 }
 
-void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count) {
-  const Watchdog::Guard guard(watchdog(), "ncclAllReduce(double, sum)");
+void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count, const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllReduce(double, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat64);
 }
 
@@ -367,8 +367,8 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control)
 NcclCommunicator::~NcclCommunicator() = default;
 void NcclCommunicator::abort() noexcept {}
 void NcclCommunicator::set_compute_stream(void*) noexcept {}
-void NcclCommunicator::do_allreduce_sum(float*, std::size_t) {}
-void NcclCommunicator::do_allreduce_sum(double*, std::size_t) {}
+void NcclCommunicator::do_allreduce_sum(float*, std::size_t, const char*) {}
+void NcclCommunicator::do_allreduce_sum(double*, std::size_t, const char*) {}
 int NcclCommunicator::device() const noexcept {
   return -1;
 }

@@ -74,6 +74,7 @@ void request_stop() noexcept {
 // rolls back: it measures memory and changes nothing.
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, bool probe) {
   reduce->zero();
+  if (bucketed) bucketed->begin();
   std::fill(control_values.begin(), control_values.end(), 0.0f);
   // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
   // micro-batch (it matters on a GPU).
@@ -146,6 +147,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
           std::any_of(options.inject_overflow.begin(), options.inject_overflow.end(),
                       [&](const auto& i) { return i.rank == rank && i.step == step; }))
         scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
+      // --overlap: the last micro-batch's gradients go in buckets as backward completes them.
+      if (bucketed && &piece == &cut.pieces.back()) bucketed->arm();
       scaled.backward();
       // Summed in double: a rank's count of tokens may pass 2^24.
       const at::Tensor loss_term = terms.sum.detach().to(at::kDouble);
@@ -207,8 +210,19 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
   // On a GPU, NCCL's stream waits for the backward pass through an event: the time below
   // includes backward kernels still queued.
   const auto reduce_start = Clock::now();
-  reduce_comm().allreduce_sum(reduce->all().data_ptr<float>(),
-                              static_cast<std::size_t>(reduce->all().numel()));
+  float* const all = reduce->all().data_ptr<float>();
+  const auto floats = static_cast<std::size_t>(reduce->all().numel());
+  if (bucketed) {
+    // The buckets not sent during backward go now, in order, on every rank (also one that ran
+    // out of memory: the collectives are the same whatever happened); then the tail, after the
+    // gradient region, which carries the flags every rank decides on.
+    bucketed->finish();
+    const auto tail = static_cast<std::size_t>(reduce->layout()[buffer_region].offset);
+    reduce_comm().allreduce_sum(all + tail, floats - tail,
+                                "MPI_Allreduce(float, sum) of the step's control values");
+  } else {
+    reduce_comm().allreduce_sum(all, floats);
+  }
   allreduce_seconds += seconds_since(reduce_start);
   reduce->read(control_region, control_values.data());
 
@@ -357,7 +371,11 @@ Model& Trainer::model() {
 }
 
 at::Tensor Trainer::last_gradient() const {
-  return state_->reduce->view(state_->gradient_region).clone();
+  // In parameter order (the buffer holds them in reverse).
+  std::vector<at::Tensor> flat;
+  for (const auto& p : state_->parameters.trainable)
+    flat.push_back(p.grad().reshape(-1));
+  return flat.empty() ? at::zeros({0}) : at::cat(flat);
 }
 
 TrainResult Trainer::run() {

@@ -348,6 +348,8 @@ void Trainer::State::trial() {
 // The reduce buffer, the gradient views and the optimizer state, allocated once: a model that
 // cannot hold them fails here, with exit code 3, not inside a step.
 void Trainer::State::allocate_step_state() {
+  const std::vector<at::Tensor> bound_order(parameters.trainable.rbegin(),
+                                            parameters.trainable.rend());
   comm::collectively(comm, [&] {
     memory::OomWatch watch;
     try {
@@ -356,7 +358,9 @@ void Trainer::State::allocate_step_state() {
       buffer_region = layout.add("buffers", model_state->reduce_count());
       control_region = layout.add("control", control.count());
       reduce = std::make_unique<ReduceBuffer>(std::move(layout), context.device);
-      reduce->bind_gradients(parameters.trainable, gradient_region);
+      // In reverse: backward produces the last layers' gradients first, and --overlap's buckets
+      // go in the buffer's order (docs/design.md, "Overlapped all-reduce").
+      reduce->bind_gradients(bound_order, gradient_region);
       optimizer = std::make_unique<OptimizerStep>(options, parameters.trainable);
     } catch (const Error&) {
       throw;
@@ -370,6 +374,7 @@ void Trainer::State::allocate_step_state() {
     }
   });
   control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
+  choose_overlap(bound_order);
   if (context.gradient_comm) {
     // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
     // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
@@ -434,6 +439,7 @@ void Trainer::State::open_observers() {
           {"memory_limit", memory_limit_text()},
           {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
           {"balance", balance_text()},
+          {"overlap", overlap_text()},
           {"precision", to_string(options.precision)},
           {"micro_batch_unit", documents() ? "tokens" : "rows"}};
       header.numbers = {
@@ -446,7 +452,9 @@ void Trainer::State::open_observers() {
           {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
           {"threads_per_rank", static_cast<double>(at::get_num_threads())},
           {"lower_precision_gemm_speedup", lower_gemm_speedup},
-          {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)}};
+          {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
+          {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
+          {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0}};
       observers.push_back(std::make_unique<RunLogObserver>(
           io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
     });
@@ -460,6 +468,48 @@ void Trainer::State::open_observers() {
     observers.push_back(
         std::make_unique<ProgressObserver>(options.log_every, step, total_steps, per_batch));
   }
+}
+
+void Trainer::State::choose_overlap(const std::vector<at::Tensor>& bound) {
+  std::vector<std::string> hosts(comm.hosts());
+  std::sort(hosts.begin(), hosts.end());
+  const bool several_nodes = std::unique(hosts.begin(), hosts.end()) - hosts.begin() > 1;
+  const std::string& asked = options.overlap;
+  bool overlap = asked == "on" || (asked == "auto" && several_nodes && world > 1);
+  comm::collectively(comm, [&] {
+    if (asked == "on" && context.use_cuda) {
+      throw UsageError(
+          "--overlap on: not available with --device cuda yet (the GPU path all-reduces after "
+          "the last backward pass); use --overlap off or auto");
+    }
+    if (overlap && !reduce_comm().collectives_from_any_thread()) {
+      if (asked == "on") {
+        throw UsageError(
+            "--overlap on: the MPI library gave less than MPI_THREAD_SERIALIZED, so the "
+            "communication thread may not call it; use --overlap off");
+      }
+      overlap = false;
+    }
+  });
+  if (context.use_cuda) overlap = false;
+  if (!overlap) return;
+  comm::collectively(comm, [&] {
+    const auto bytes = static_cast<std::int64_t>(options.bucket_mib * 1024.0 * 1024.0);
+    bucketed = std::make_unique<BucketedReduce>(
+        reduce_comm(), reduce->all(), reduce->layout()[gradient_region].offset, bound, bytes);
+  });
+}
+
+std::string Trainer::State::overlap_text() const {
+  if (!bucketed) {
+    return world > 1 ? "after the last backward pass, one collective per attempt"
+                     : "after the last backward pass";
+  }
+  std::ostringstream text;
+  text << "overlapped with the last backward pass: " << bucketed->buckets().size()
+       << " bucket(s) of " << memory::format_bytes(bucketed->bucket_bytes())
+       << " in reverse parameter order, then the step's control values";
+  return text.str();
 }
 
 void Trainer::State::announce() {
@@ -509,6 +559,7 @@ void Trainer::State::announce() {
       banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
   }
   if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
+  if (world > 1) banner << "\nautoaccum: gradient all-reduce " << overlap_text();
   for (const auto& slow : options.inject_slow) {
     banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
            << "x slower per row (--inject-slow)";

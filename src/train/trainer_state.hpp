@@ -22,6 +22,7 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/balance.hpp"
+#include "autoaccum/train/bucketed_reduce.hpp"
 #include "autoaccum/train/loss_scale.hpp"
 #include "autoaccum/train/memory_model.hpp"
 #include "autoaccum/train/micro_batch.hpp"
@@ -169,7 +170,12 @@ struct Trainer::State {
   ControlLayout control;
   std::vector<float> control_values;  // host copy of the control region
   bool checked_views = false;
-  double allreduce_seconds = 0;  // this step's time in the all-reduce (rank's own)
+  double allreduce_seconds = 0;  // this step's time in the all-reduce (rank's own; exposed)
+  // --overlap on: the gradient region in buckets, sent during the last backward pass; null when
+  // off (one collective after it). Declared after `reduce`: its thread writes into that buffer.
+  std::unique_ptr<BucketedReduce> bucketed;
+  void choose_overlap(const std::vector<at::Tensor>& bound);
+  std::string overlap_text() const;
 
   std::int64_t step = 0;              // optimizer steps completed
   std::int64_t checkpoint_step = -1;  // the step of the last checkpoint written or resumed from

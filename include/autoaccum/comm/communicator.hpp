@@ -1,6 +1,7 @@
 // The Communicator interface: the collectives autoaccum's training step needs, backend-neutral.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,9 +36,13 @@ class Communicator {
   virtual std::string_view backend() const = 0;
   virtual MemoryKind buffer_memory() const = 0;
 
-  // Data plane: in-place sum over ranks of `count` elements at `data`.
-  void allreduce_sum(float* data, std::size_t count);
-  void allreduce_sum(double* data, std::size_t count);
+  // Data plane: in-place sum over ranks of `count` elements at `data`. `what`, when given, names
+  // the collective in a timeout's message (a static string: "gradient bucket 3 of 7").
+  void allreduce_sum(float* data, std::size_t count, const char* what = nullptr);
+  void allreduce_sum(double* data, std::size_t count, const char* what = nullptr);
+  // Whether the collectives may be called from a thread other than the one that initialised
+  // the library (one thread at a time): MPI_THREAD_SERIALIZED or more. --overlap needs it.
+  virtual bool collectives_from_any_thread() const { return true; }
 
   // Control plane: in-place element-wise max / sum / min of small host integer arrays.
   virtual void allreduce_max(std::int64_t* values, std::size_t count) = 0;
@@ -59,15 +64,16 @@ class Communicator {
   void broadcast(std::string& text, int root);
   virtual void barrier() = 0;
 
-  // Number of data-plane all-reduce calls made so far on this rank.
-  std::uint64_t data_allreduce_calls() const noexcept { return data_allreduce_calls_; }
+  // Number of data-plane all-reduce calls made so far on this rank (from any thread).
+  std::uint64_t data_allreduce_calls() const noexcept { return data_allreduce_calls_.load(); }
 
  protected:
-  virtual void do_allreduce_sum(float* data, std::size_t count) = 0;
-  virtual void do_allreduce_sum(double* data, std::size_t count) = 0;
+  // `what`: the caller's name for the collective, or null for the backend's own.
+  virtual void do_allreduce_sum(float* data, std::size_t count, const char* what) = 0;
+  virtual void do_allreduce_sum(double* data, std::size_t count, const char* what) = 0;
 
  private:
-  std::uint64_t data_allreduce_calls_ = 0;
+  std::atomic<std::uint64_t> data_allreduce_calls_{0};
 };
 
 }  // namespace autoaccum::comm

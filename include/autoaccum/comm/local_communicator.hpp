@@ -30,8 +30,8 @@ class LocalCommunicator final : public Communicator {
   void barrier() override {}
 
  protected:
-  void do_allreduce_sum(float*, std::size_t) override {}
-  void do_allreduce_sum(double*, std::size_t) override {}
+  void do_allreduce_sum(float*, std::size_t, const char*) override {}
+  void do_allreduce_sum(double*, std::size_t, const char*) override {}
 
  private:
   int rank_ = 0;

@@ -46,12 +46,13 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
 
   MPI_Comm handle() const noexcept { return comm_; }
+  bool collectives_from_any_thread() const override { return any_thread_; }
   // Every rank's host (MPI_Get_processor_name, at most 63 characters), by rank.
   const std::vector<std::string>& hosts() const override { return hosts_; }
 
  protected:
-  void do_allreduce_sum(float* data, std::size_t count) override;
-  void do_allreduce_sum(double* data, std::size_t count) override;
+  void do_allreduce_sum(float* data, std::size_t count, const char* what) override;
+  void do_allreduce_sum(double* data, std::size_t count, const char* what) override;
 
  private:
   void allreduce(void* data, std::size_t count, MPI_Datatype type, std::size_t type_bytes,
@@ -66,6 +67,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
+  bool any_thread_ = false;  // MPI_THREAD_SERIALIZED or more was provided
 };
 
 // Throws CommError naming `call` and the MPI error string when `code` is not MPI_SUCCESS.

@@ -60,8 +60,8 @@ class NcclCommunicator final : public Communicator {
   struct Impl;  // NCCL and CUDA handles; opaque so this header needs neither nccl.h nor CUDA.
 
  protected:
-  void do_allreduce_sum(float* data, std::size_t count) override;
-  void do_allreduce_sum(double* data, std::size_t count) override;
+  void do_allreduce_sum(float* data, std::size_t count, const char* what) override;
+  void do_allreduce_sum(double* data, std::size_t count, const char* what) override;
 
  private:
   std::unique_ptr<MpiCommunicator> control_;

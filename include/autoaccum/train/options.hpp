@@ -88,6 +88,10 @@ struct TrainOptions {
   std::vector<SlowInjection> inject_slow;
   std::vector<memory::OomInjection> inject_oom;    // --inject-oom drills
   std::vector<core::StallInjection> inject_stall;  // --inject-stall drills (the watchdog)
+  // --overlap: all-reduce the gradients in buckets during the last backward pass of a step
+  // (train/bucketed_reduce.hpp). auto: on when the ranks span more than one node, on the CPU.
+  std::string overlap = "auto";  // auto | on | off
+  double bucket_mib = 4;         // --bucket-mib: the size of a bucket
   // --collective-timeout: the deadline of every collective (comm/watchdog.hpp); 0: none.
   double collective_timeout_seconds = 600;
 
