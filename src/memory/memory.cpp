@@ -356,13 +356,18 @@ void release_cached_memory() noexcept {
 
 std::vector<OomInjection> parse_oom_injections(const std::string& text) {
   std::vector<OomInjection> all;
-  for (const auto& item :
-       core::parse_drill("--inject-oom", text, {"rank", "above", "step"}, {"rank", "above"},
-                         {"rank", "above", "step"}, "rank=R,above=M[,step=S]")) {
+  for (const auto& item : core::parse_drill(
+           "--inject-oom", text, {"rank", "above", "step", "backward"}, {"rank", "above"},
+           {"rank", "above", "step", "backward"}, "rank=R,above=M[,step=S][,backward=1]")) {
     OomInjection injection;
     injection.rank = static_cast<int>(item.integer("rank"));
     injection.above = item.integer("above");
     if (item.values.count("step")) injection.step = item.integer("step");
+    if (item.values.count("backward")) {
+      if (item.integer("backward") > 1)
+        throw UsageError("--inject-oom: '" + item.text + "': backward must be 0 or 1");
+      injection.backward = item.integer("backward") == 1;
+    }
     all.push_back(injection);
   }
   return all;

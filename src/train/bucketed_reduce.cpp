@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unordered_set>
 
 #include "autoaccum/core/error.hpp"
 
@@ -206,8 +207,25 @@ void BucketedReduce::begin() {
   s.active = true;
 }
 
-void BucketedReduce::arm() {
-  shared_->armed.store(true, std::memory_order_release);
+void BucketedReduce::arm(const at::Tensor& loss) {
+  Shared& s = *shared_;
+  // Which accumulators the backward pass from `loss` will run: a walk of its graph (what DDP
+  // does for find_unused_parameters), a few microseconds per thousand nodes.
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<const torch::autograd::Node*> stack;
+  if (const auto root = loss.grad_fn()) stack.push_back(root.get());
+  while (!stack.empty()) {
+    const torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  s.armed.store(true, std::memory_order_release);
+  for (std::size_t i = 0; i < s.accumulators.size(); ++i) {
+    if (!seen.count(s.accumulators[i].get())) s.mark_ready(i);
+  }
 }
 
 void BucketedReduce::finish() {

@@ -130,8 +130,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
           output = model->forward(inputs);
         // Injected after the forward pass, so the activations exist when it throws, as in a
         // real OOM late in forward; they must be released like a real one's.
-        if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
-                        [&](const auto& i) { return i.fires(rank, piece.size(), step); })) {
+        if (std::any_of(options.inject_oom.begin(), options.inject_oom.end(), [&](const auto& i) {
+              return !i.backward && i.fires(rank, piece.size(), step);
+            })) {
           memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
                                       std::to_string(piece.size()));
         }
@@ -148,7 +149,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
                       [&](const auto& i) { return i.rank == rank && i.step == step; }))
         scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
       // --overlap: the last micro-batch's gradients go in buckets as backward completes them.
-      if (bucketed && &piece == &cut.pieces.back()) bucketed->arm();
+      if (bucketed && &piece == &cut.pieces.back()) bucketed->arm(scaled);
+      // --inject-oom ...,backward=1: thrown from the first parameter's gradient hook.
+      inject_in_backward.store(std::any_of(
+          options.inject_oom.begin(), options.inject_oom.end(),
+          [&](const auto& i) { return i.backward && i.fires(rank, piece.size(), step); }));
       scaled.backward();
       // Summed in double: a rank's count of tokens may pass 2^24.
       const at::Tensor loss_term = terms.sum.detach().to(at::kDouble);

@@ -4,6 +4,7 @@
 #include "autoaccum/train/trainer.hpp"
 
 #include <sched.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -375,6 +376,7 @@ void Trainer::State::allocate_step_state() {
   });
   control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
   choose_overlap(bound_order);
+  install_backward_injection();
   if (context.gradient_comm) {
     // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
     // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
@@ -498,6 +500,37 @@ void Trainer::State::choose_overlap(const std::vector<at::Tensor>& bound) {
     bucketed = std::make_unique<BucketedReduce>(
         reduce_comm(), reduce->all(), reduce->layout()[gradient_region].offset, bound, bytes);
   });
+}
+
+namespace {
+
+// --inject-oom backward=1: runs before a gradient accumulator (called even when a fused layer
+// already added its gradient and passes none on, which a tensor hook would not see).
+class InjectedOutOfMemory final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit InjectedOutOfMemory(std::atomic<bool>& armed) : armed_(armed) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (armed_.exchange(false)) {
+      memory::throw_out_of_memory(
+          "injected out-of-memory (--inject-oom backward=1) in the backward pass");
+    }
+    return grads;
+  }
+
+ private:
+  std::atomic<bool>& armed_;
+};
+
+}  // namespace
+
+void Trainer::State::install_backward_injection() {
+  const bool mine = std::any_of(options.inject_oom.begin(), options.inject_oom.end(),
+                                [&](const auto& i) { return i.backward && i.rank == rank; });
+  if (!mine || parameters.trainable.empty()) return;
+  // The first parameter's gradient comes last in backward: the others exist by then (and with
+  // --overlap their buckets have gone), as in a real out-of-memory late in the backward pass.
+  injection_accumulator = torch::autograd::impl::grad_accumulator(parameters.trainable.front());
+  injection_accumulator->add_pre_hook(std::make_unique<InjectedOutOfMemory>(inject_in_backward));
 }
 
 std::string Trainer::State::overlap_text() const {

@@ -174,6 +174,9 @@ struct Trainer::State {
   // --overlap on: the gradient region in buckets, sent during the last backward pass; null when
   // off (one collective after it). Declared after `reduce`: its thread writes into that buffer.
   std::unique_ptr<BucketedReduce> bucketed;
+  std::atomic<bool> inject_in_backward{false};  // --inject-oom backward=1: throw in this backward
+  std::shared_ptr<torch::autograd::Node> injection_accumulator;  // holds its hook
+  void install_backward_injection();
   void choose_overlap(const std::vector<at::Tensor>& bound);
   std::string overlap_text() const;
 

@@ -96,13 +96,15 @@ class OomWatch {
 // the CPU).
 void release_cached_memory() noexcept;
 
-// --inject-oom rank=R,above=M[,step=S]: rank R throws the same OOM as a real one at the end of the
-// forward pass (activations allocated) whenever the micro-batch has more than M rows (at optimizer
-// step S only, when given).
+// --inject-oom rank=R,above=M[,step=S][,backward=1]: rank R throws the same OOM as a real one at
+// the end of the forward pass (activations allocated) whenever the micro-batch has more than M
+// rows (at optimizer step S only, when given); with backward=1, in the backward pass instead,
+// when the first parameter's gradient is computed (the last layers' gradients exist by then).
 struct OomInjection {
   int rank = 0;
   std::int64_t above = 0;
   std::optional<std::int64_t> step;
+  bool backward = false;
   bool fires(int this_rank, std::int64_t micro_batch_rows, std::int64_t this_step) const noexcept {
     return this_rank == rank && micro_batch_rows > above && (!step || *step == this_step);
   }

@@ -53,9 +53,11 @@ class BucketedReduce {
 
   // A new attempt: every bucket waits for its parameters (the buffer was zeroed).
   void begin();
-  // The attempt's last backward pass is about to run: from now on a bucket goes as soon as its
-  // last gradient is accumulated.
-  void arm();
+  // The attempt's last backward pass, from `loss`, is about to run: from now on a bucket goes as
+  // soon as its last gradient is accumulated. Parameters `loss` does not depend on (its autograd
+  // graph does not reach their accumulators: an unused layer, a branch not taken) are ready at
+  // once, so that they do not hold back the buckets after theirs.
+  void arm(const at::Tensor& loss);
   // The attempt is over (done, out of memory, stopped): every bucket not sent yet is sent now,
   // in order; returns once all are reduced. Rethrows a communication error of the thread.
   void finish();

@@ -1,0 +1,253 @@
+// --overlap's buckets: how the gradient region is cut, and that a bucket goes during the backward
+// pass that completes it, once, in order, whatever the attempt's end.
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "autoaccum/train/bucketed_reduce.hpp"
+#include "autoaccum/train/reduce_buffer.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+TEST(CutBuckets, EveryParameterOnceInOrderWithoutGaps) {
+  const std::vector<std::int64_t> sizes{10, 3, 40, 0, 7, 7, 2, 0};
+  for (std::int64_t floats : {1, 5, 12, 20, 1000}) {
+    const auto buckets = cut_buckets(100, sizes, floats);
+    ASSERT_FALSE(buckets.empty());
+    std::int64_t offset = 100;
+    std::size_t next = 0;
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const Bucket& bucket = buckets[b];
+      EXPECT_EQ(bucket.offset, offset) << floats;
+      EXPECT_EQ(bucket.first, next) << floats;
+      EXPECT_GT(bucket.last, bucket.first) << floats;
+      EXPECT_EQ(bucket.count,
+                std::accumulate(sizes.begin() + static_cast<long>(bucket.first),
+                                sizes.begin() + static_cast<long>(bucket.last), std::int64_t{0}));
+      // Full buckets reach the size; only the last one may stay below it.
+      if (b + 1 < buckets.size()) {
+        EXPECT_GE(bucket.count, floats) << floats;
+      }
+      offset += bucket.count;
+      next = bucket.last;
+    }
+    EXPECT_EQ(next, sizes.size()) << floats;
+    EXPECT_EQ(offset, 100 + 69) << floats;
+  }
+  // A parameter larger than a bucket is a bucket of its own; empty ones at the end join the
+  // bucket before them.
+  const std::vector<std::int64_t> trailing{10, 3, 40, 0, 7, 7, 0, 0};
+  const auto buckets = cut_buckets(0, trailing, 12);
+  ASSERT_EQ(buckets.size(), 3u);
+  EXPECT_EQ(buckets[0].count, 13);  // 10 + 3
+  EXPECT_EQ(buckets[1].count, 40);
+  EXPECT_EQ(buckets[2].count, 14);  // 0 + 7 + 7 + 0 + 0
+  EXPECT_EQ(buckets[2].last, trailing.size());
+  EXPECT_TRUE(cut_buckets(0, {}, 4).empty());
+}
+
+// A communicator of one rank that records each data-plane call and doubles the values (as if a
+// second rank had the same), so that a float sent twice or never shows.
+class RecordingComm final : public comm::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  const std::vector<std::string>& hosts() const override { return hosts_; }
+  std::string_view backend() const override { return "recording"; }
+  comm::MemoryKind buffer_memory() const override { return comm::MemoryKind::kHost; }
+  void allreduce_max(std::int64_t*, std::size_t) override {}
+  void allreduce_sum(std::int64_t*, std::size_t) override {}
+  void allreduce_min(std::int64_t*, std::size_t) override {}
+  void allreduce_sum_host(double*, std::size_t) override {}
+  void allgather(const void*, std::size_t, void*) override {}
+  void broadcast(void*, std::size_t, int) override {}
+  void barrier() override {}
+
+  std::vector<std::string> calls() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return calls_;
+  }
+  // Waits until `count` calls were made (false after 10 s).
+  bool wait_for(std::size_t count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::seconds(10),
+                             [&] { return calls_.size() >= count; });
+  }
+
+ protected:
+  void do_allreduce_sum(float* data, std::size_t count, const char* what) override {
+    for (std::size_t i = 0; i < count; ++i)
+      data[i] *= 2;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    calls_.emplace_back(what ? what : "unnamed");
+    changed_.notify_all();
+  }
+  void do_allreduce_sum(double*, std::size_t, const char*) override {}
+
+ private:
+  std::vector<std::string> hosts_{"here"};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::string> calls_;
+};
+
+// Runs `check` before the accumulator of `parameter` adds its gradient.
+class BeforeAccumulation final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit BeforeAccumulation(std::function<void()> check) : check_(std::move(check)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& g) override {
+    check_();
+    return g;
+  }
+
+ private:
+  std::function<void()> check_;
+};
+
+// Parameters in registration order: one the forward pass does not use, then three layers.
+struct ThreeLayers {
+  std::vector<at::Tensor> parameters;  // unused, w1, w2, w3
+  ThreeLayers() {
+    torch::manual_seed(3);
+    for (auto shape : {std::vector<std::int64_t>{5}, {16, 8}, {16, 16}, {4, 16}})
+      parameters.push_back(torch::randn(shape).requires_grad_(true));
+  }
+  at::Tensor loss(const at::Tensor& x) const {
+    at::Tensor h = torch::relu(x.matmul(parameters[1].t()));
+    h = torch::relu(h.matmul(parameters[2].t()));
+    return h.matmul(parameters[3].t()).pow(2).sum();
+  }
+};
+
+TEST(BucketedReduce, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoesOnce) {
+  ThreeLayers net;
+  // Bound in reverse (as the trainer binds): w3, w2, w1, unused; w3's gradient comes first in
+  // backward and in the buffer; each parameter a bucket of its own.
+  std::vector<at::Tensor> bound(net.parameters.rbegin(), net.parameters.rend());
+  ReduceLayout layout;
+  std::int64_t floats = 0;
+  for (const auto& p : bound)
+    floats += p.numel();
+  const auto region = layout.add("gradients", floats);
+  layout.add("control", 3);
+  ReduceBuffer buffer(std::move(layout), c10::Device(c10::kCPU));
+  buffer.bind_gradients(bound, region);
+  RecordingComm comm;
+  BucketedReduce reduce(comm, buffer.all(), 0, bound, 4);
+  ASSERT_EQ(reduce.buckets().size(), 4u);
+
+  // w1's gradient is the last one backward computes: by then the buckets of w3 and w2 (the
+  // first two) must have gone, without waiting for finish().
+  bool in_last = false, seen_before_last = false;
+  std::size_t calls_before = 0;
+  auto accumulator = torch::autograd::impl::grad_accumulator(net.parameters[1]);
+  accumulator->add_pre_hook(std::make_unique<BeforeAccumulation>([&] {
+    if (in_last) seen_before_last = comm.wait_for(calls_before + 2);
+  }));
+
+  const at::Tensor x = torch::randn({6, 8});
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    buffer.zero();
+    reduce.begin();
+    net.loss(x.narrow(0, 0, 3)).backward();  // an earlier micro-batch: accumulates locally
+    calls_before = static_cast<std::size_t>(4 * attempt);
+    EXPECT_EQ(comm.calls().size(), calls_before);
+    const at::Tensor last = net.loss(x.narrow(0, 3, 3));  // the last micro-batch
+    reduce.arm(last);
+    in_last = true;
+    seen_before_last = false;
+    last.backward();
+    in_last = false;
+    EXPECT_TRUE(seen_before_last) << "attempt " << attempt;
+    reduce.finish();
+    const auto calls = comm.calls();
+    ASSERT_EQ(calls.size(), static_cast<std::size_t>(4 * (attempt + 1)));
+    for (std::size_t b = 0; b < 4; ++b) {
+      EXPECT_EQ(calls[4 * static_cast<std::size_t>(attempt) + b],
+                "MPI_Allreduce(float, sum) of gradient bucket " + std::to_string(b + 1) + " of 4");
+    }
+    EXPECT_GE(reduce.sent_during_backward(), 2);
+  }
+  // Every gradient float was doubled exactly once; the control floats were never sent.
+  std::vector<at::Tensor> expected;
+  {
+    std::vector<at::Tensor> fresh;
+    for (const auto& p : bound)
+      fresh.push_back(p.detach().clone().requires_grad_(true));
+    // fresh is in bound order: w3, w2, w1, unused.
+    at::Tensor h = torch::relu(x.matmul(fresh[2].t()));
+    h = torch::relu(h.matmul(fresh[1].t()));
+    h.matmul(fresh[0].t()).pow(2).sum().backward();  // w3 is fresh[0]
+    for (std::size_t i = 0; i + 1 < fresh.size(); ++i)
+      expected.push_back(fresh[i].grad().reshape(-1) * 2);
+    expected.push_back(torch::zeros({5}));
+  }
+  EXPECT_TRUE(torch::allclose(buffer.all().narrow(0, 0, floats), torch::cat(expected), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::equal(buffer.all().narrow(0, floats, 3), torch::zeros({3})));
+}
+
+TEST(BucketedReduce, AParameterTheLossDoesNotReachDoesNotHoldBackTheBucketsAfterIt) {
+  // The unused parameter bound first: its bucket is the first to go, and must not wait for a
+  // gradient that never comes (then no bucket would go before backward ends).
+  ThreeLayers net;
+  std::vector<at::Tensor> bound{net.parameters[0], net.parameters[3], net.parameters[2],
+                                net.parameters[1]};
+  ReduceLayout layout;
+  std::int64_t floats = 0;
+  for (const auto& p : bound)
+    floats += p.numel();
+  const auto region = layout.add("gradients", floats);
+  ReduceBuffer buffer(std::move(layout), c10::Device(c10::kCPU));
+  buffer.bind_gradients(bound, region);
+  RecordingComm comm;
+  BucketedReduce reduce(comm, buffer.all(), 0, bound, 4);
+  bool in_last = false, seen_before_last = false;
+  auto accumulator = torch::autograd::impl::grad_accumulator(net.parameters[1]);
+  accumulator->add_pre_hook(std::make_unique<BeforeAccumulation>([&] {
+    if (in_last) seen_before_last = comm.wait_for(3);  // unused, w3, w2
+  }));
+  reduce.begin();
+  const at::Tensor loss = net.loss(torch::randn({4, 8}));
+  reduce.arm(loss);
+  in_last = true;
+  loss.backward();
+  in_last = false;
+  reduce.finish();
+  EXPECT_TRUE(seen_before_last);
+  EXPECT_EQ(comm.calls().size(), 4u);
+}
+
+TEST(BucketedReduce, AnAttemptThatEndsEarlySendsEveryBucketInOrderAtFinish) {
+  ThreeLayers net;
+  std::vector<at::Tensor> bound(net.parameters.rbegin(), net.parameters.rend());
+  ReduceLayout layout;
+  std::int64_t floats = 0;
+  for (const auto& p : bound)
+    floats += p.numel();
+  const auto region = layout.add("gradients", floats);
+  ReduceBuffer buffer(std::move(layout), c10::Device(c10::kCPU));
+  buffer.bind_gradients(bound, region);
+  RecordingComm comm;
+  BucketedReduce reduce(comm, buffer.all(), 0, bound, 1 << 20);  // one bucket holds them all
+  ASSERT_EQ(reduce.buckets().size(), 1u);
+  // Out of memory before the last backward (never armed), or armed and no backward at all.
+  for (bool armed : {false, true}) {
+    reduce.begin();
+    if (armed) reduce.arm(torch::zeros({1}));  // a loss with no graph: nothing will come
+    reduce.finish();
+  }
+  EXPECT_EQ(comm.calls().size(), 2u);
+  EXPECT_EQ(reduce.sent_during_backward(), 0);
+}
+
+}  // namespace
+}  // namespace autoaccum::train
