@@ -39,7 +39,7 @@ class Overlap(TempDirTest):
 
     def test_buckets_give_the_one_collectives_sums_bit_for_bit_on_two_ranks(self):
         # BatchNorm and dropout; tied weights; frozen weights: several micro-batches per step,
-        # buckets of 10 bytes: every parameter in a bucket of its own, so every model's gradients go in several buckets.
+        # buckets of 10 bytes (every parameter in a bucket of its own).
         cases = [("cbnd", um.ConvBnDropout(width=16), self.images, 96),
                  ("tied", um.Tied, self.flat, 48),
                  ("frozen", um.PartlyFrozen, self.flat, 48)]
