@@ -94,6 +94,20 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   out << "  model " << log.attribute("model", "?") << ", optimizer "
       << log.attribute("optimizer", "?") << ", lr " << log.attribute("lr", "?") << ", data "
       << log.attribute("data", "?") << "\n";
+  // --overlap: how the gradients travelled, and what of it the steps waited for.
+  const std::string overlap = log.attribute("overlap");
+  if (!overlap.empty() && log.attribute("world_size") != "1") {
+    out << "  gradient all-reduce " << overlap;
+    std::vector<double> waited = values(log, "steps", "allreduce_seconds");
+    if (!waited.empty()) {
+      std::nth_element(waited.begin(), waited.begin() + waited.size() / 2, waited.end());
+      std::ostringstream ms;
+      ms << std::fixed << std::setprecision(1) << waited[waited.size() / 2] * 1000.0;
+      out << "; " << (overlap.rfind("overlapped", 0) == 0 ? "exposed " : "") << ms.str()
+          << " ms per step (median)";
+    }
+    out << "\n";
+  }
   if (log.attribute("precision") == "fp16") {
     const auto scale = values(log, "steps", "loss_scale");
     const auto skipped = values(log, "steps", "skipped");

@@ -749,6 +749,191 @@ def render_checkpoint(results):
     return "\n".join(lines) + "\n"
 
 
+OVERLAP_GPT = {"context": 64, "width": 256, "layers": 4, "heads": 4}
+OVERLAP_MICRO = 8
+OVERLAP_STEPS = 16
+
+
+def bench_overlap(work, reps, results):
+    """Issue 26: the gradient all-reduce during the last backward pass (--overlap on) against
+    after it (off) and against PyTorch DDP (gloo, no_sync), one rank on each of two simulated
+    nodes whose links tc limits to a rate at which the all-reduce of the GPT's gradients takes
+    about one micro-batch's compute; and overlap's cost on one node (shared memory)."""
+    log("== overlap: the gradient all-reduce during the last backward pass")
+    folder = os.path.join(work, "overlap")
+    os.makedirs(folder, exist_ok=True)
+    data = os.path.join(folder, "text-train.h5")
+    run(MPI[:-1] + ["1", BIN, "import", "text", "--out", folder, "--context",
+                    OVERLAP_GPT["context"]])
+    model = os.path.join(folder, "gpt.pt")
+    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", model]
+        + [a for k, v in OVERLAP_GPT.items() for a in (f"--{k}", v)])
+    m = OVERLAP_MICRO
+    extra = ["--model-file", model, "--optimizer", "adamw", "--lr", 0.003, "--weight-decay",
+             0.01]
+    out = {"micro_batch": m, "gpt": OVERLAP_GPT, "steps": OVERLAP_STEPS}
+
+    # One node: the all-reduce is shared memory; overlap may only cost (a thread, n + 1 calls).
+    runner = Runner(work, OVERLAP_STEPS)
+    one = {k: {"on": [], "off": [], "ratio": []} for k in (1, 4)}
+    for rep in range(reps):
+        for k in (1, 4):
+            rates = {}
+            for mode in ("off", "on"):
+                rates[mode] = runner.steady(runner.train(
+                    m, data=data, global_batch=2 * m * k, extra=extra + ["--overlap", mode]))
+                one[k][mode].append(rates[mode])
+            one[k]["ratio"].append(rates["on"] / rates["off"])
+            log(f"  rep {rep + 1}/{reps} one node, {k} micro-batch(es): off {rates['off']:.1f}/s, "
+                f"on {rates['on']:.1f}/s, ratio {one[k]['ratio'][-1]:.3f}")
+    out["one_node"] = {str(k): {x: spread(v) for x, v in one[k].items()} for k in one}
+
+    os.chmod(work, 0o755)  # munged (user munge) reaches its socket through it
+    state = os.path.join(work, "cluster")
+    up = run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes", 2, state], check=False)
+    if up.returncode != 0:
+        log("  two nodes: cluster not started (" + (up.stderr.strip().splitlines() or ["?"])[-1]
+            + ")")
+        results["overlap"] = out
+        return
+    env = {**os.environ, "SLURM_CONF": os.path.join(state, "slurm.conf"),
+           "SLURM_SRUN_COMM_IFHN": "10.99.0.1", "SLURM_PMIX_FENCE": "ring"}  # docs/slurm.md
+    count = [0]
+
+    def two_nodes(k, mode):
+        count[0] += 1
+        path = os.path.join(folder, f"two{count[0]}.h5")
+        run(["srun", "-N2", "-n2", "--mpi=pmix", BIN, "train", "--data", data, "--global-batch",
+             2 * m * k, "--micro-batch", m, "--steps", OVERLAP_STEPS, "--threads", 1,
+             "--log-every", 0, "--run-log", path, "--overlap", mode, *extra], env=env)
+        with h5py.File(path, "r") as f:
+            steps = {c: f["steps"][c][:] for c in f["steps"]}
+            parameters = float(f.attrs["parameters"])
+            buckets = int(f.attrs["gradient_buckets"])
+        keep = np.arange(len(steps["step"])) >= 3
+        return {"rate": Runner.steady(steps),
+                "step": float(np.median(steps["step_seconds"][keep])),
+                "exposed": float(np.median(steps["allreduce_seconds"][keep])),
+                "parameters": parameters, "buckets": buckets}
+
+    def ddp_two_nodes(k, port):
+        script = os.path.join(ROOT, "tests", "bench", "ddp_baseline.py")
+        # Gloo binds to the node's own link: its one 10.99.0.x interface.
+        command = ("GLOO_SOCKET_IFNAME=$(ip -o -4 addr | awk '/10\\.99\\./ {print $2; exit}') "
+                   f"exec /usr/bin/python3 {script} --rank $SLURM_PROCID --ranks 2 --model gpt "
+                   f"--data {data} --width {OVERLAP_GPT['width']} --layers "
+                   f"{OVERLAP_GPT['layers']} --heads {OVERLAP_GPT['heads']} --global-batch "
+                   f"{2 * m * k} --micro-batch {m} --steps {OVERLAP_STEPS} --threads 1 --port "
+                   f"{port}")
+        r = run(["srun", "-N2", "-n2", "sh", "-c", command],
+                env={**env, "MASTER_ADDR": "10.99.0.2", "USE_LIBUV": "0"})
+        return float(re.search(r"samples/s (\S+)", r.stdout).group(1))
+
+    def limit(mbit):
+        for i in (1, 2):
+            for prefix, dev in (([], f"aa-v{i}"), (["-n", f"aa-node{i}"], f"aa-p{i}")):
+                run(["tc", *prefix, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                     f"{mbit:.0f}mbit", "burst", "1mb", "latency", "100ms"])
+
+    def unlimit():
+        for i in (1, 2):
+            run(["tc", "qdisc", "del", "dev", f"aa-v{i}", "root"], check=False)
+            run(["tc", "-n", f"aa-node{i}", "qdisc", "del", "dev", f"aa-p{i}", "root"],
+                check=False)
+
+    try:
+        # The rate: the gradients' bytes (each rank sends and receives about the whole buffer
+        # in a two-rank all-reduce) in one micro-batch's compute, measured on the free link.
+        free = two_nodes(1, "off")
+        compute = free["step"] - free["exposed"]
+        gradient_bytes = free["parameters"] * 4
+        mbit = gradient_bytes * 8 / compute / 1e6
+        log(f"  calibration: {free['parameters'] / 1e6:.2f}M parameters "
+            f"({gradient_bytes / 2**20:.1f} MiB of gradients), a micro-batch of {m} computes in "
+            f"{compute * 1e3:.0f} ms: links limited to {mbit:.0f} Mbit/s")
+        limit(mbit)
+        two = {k: {x: [] for x in ("off", "on", "ddp", "on_off", "on_ddp", "exposed_off",
+                                     "exposed_on", "step_off", "allreduce_over_compute")}
+               for k in (1, 4)}
+        buckets = 0
+        for rep in range(reps):
+            for k in (1, 4):
+                off, on = two_nodes(k, "off"), two_nodes(k, "on")
+                d = ddp_two_nodes(k, 29900 + rep * 10 + k)
+                buckets = on["buckets"]
+                row = two[k]
+                row["off"].append(off["rate"])
+                row["on"].append(on["rate"])
+                row["ddp"].append(d)
+                row["on_off"].append(on["rate"] / off["rate"])
+                row["on_ddp"].append(on["rate"] / d)
+                row["exposed_off"].append(off["exposed"])
+                row["exposed_on"].append(on["exposed"])
+                row["step_off"].append(off["step"])
+                row["allreduce_over_compute"].append(off["exposed"] / (compute * 1))
+                log(f"  rep {rep + 1}/{reps} two nodes, {k} micro-batch(es): off "
+                    f"{off['rate']:.1f}/s (all-reduce {off['exposed'] * 1e3:.0f} ms), on "
+                    f"{on['rate']:.1f}/s (exposed {on['exposed'] * 1e3:.0f} ms), DDP {d:.1f}/s; "
+                    f"on/off {row['on_off'][-1]:.2f}, on/DDP {row['on_ddp'][-1]:.2f}")
+    finally:
+        unlimit()
+        run([os.path.join(ROOT, "jobs", "ci", "slurm-down.sh"), state], check=False)
+    out["two_nodes"] = {str(k): {x: spread(v) for x, v in two[k].items()} for k in two}
+    out["calibration"] = {"compute_seconds": compute, "gradient_bytes": gradient_bytes,
+                          "mbit": mbit, "parameters": free["parameters"], "buckets": buckets}
+    results["overlap"] = out
+
+
+def render_overlap(results):
+    r = results["overlap"]
+    g = r["gpt"]
+    lines = [f"Generated by `tests/bench/run.sh --only overlap` on {results['date']} "
+             f"({results['machine']}); medians (min-max) of samples/s over steps 4-"
+             f"{r['steps']}. The GPT of jobs/models/gpt.py (context {g['context']}, width "
+             f"{g['width']}, {g['layers']} layers, {g['heads']} heads), AdamW, micro-batch "
+             f"{r['micro_batch']}, 1 thread per rank; global batch 2 x {r['micro_batch']} x k "
+             "for k micro-batches per step.", ""]
+    c = r.get("calibration")
+    if c:
+        lines += [f"Two nodes (`jobs/ci/slurm-up.sh --nodes 2`, one rank each, srun): both "
+                  f"links limited by `tc` (tbf, each way) to {c['mbit']:.0f} Mbit/s, the rate "
+                  f"at which the {c['gradient_bytes'] / 2**20:.1f} MiB of gradients "
+                  f"({c['parameters'] / 1e6:.2f}M parameters) cross in one micro-batch's "
+                  f"compute ({c['compute_seconds'] * 1e3:.0f} ms, measured on the free link "
+                  "first): each rank sends and receives about the whole buffer in a two-rank "
+                  f"all-reduce. `--overlap on` cut it into {c['buckets']} buckets of 1 MiB "
+                  "(the default). PyTorch DDP: the same eager model, gloo, `no_sync` on all "
+                  "but the last micro-batch, same links. Exposed: the run log's "
+                  "`allreduce_seconds` (off: the whole all-reduce).", "",
+                  "| micro-batches per step | off | on | DDP | on / off | target | on / DDP "
+                  "| target | exposed off | exposed on |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for k, target in (("1", 1.3), ("4", 1.1)):
+            t = r["two_nodes"][k]
+            on_off = t["on_off"]["median"]
+            on_ddp = t["on_ddp"]["median"]
+            lines.append(
+                f"| {k} | {fmt(t['off'], 1)} | {fmt(t['on'], 1)} | {fmt(t['ddp'], 1)} | "
+                f"{fmt(t['on_off'])} | >= {target} {'yes' if on_off >= target else '**no**'} | "
+                f"{fmt(t['on_ddp'])} | >= 1.0 {'yes' if on_ddp >= 1.0 else '**no**'} | "
+                f"{fmt(t['exposed_off'], 0, 1e3, ' ms')} | {fmt(t['exposed_on'], 0, 1e3, ' ms')} |")
+        lines.append("")
+    else:
+        lines += ["Two nodes: not measured in this run (the cluster needs root and Slurm).", ""]
+    lines += ["One node (mpirun, 2 ranks on the 2 cores, shared memory): `--overlap auto` (the "
+              "default) leaves overlap off on one node, so the default costs nothing there; "
+              "forced on, what it costs where the all-reduce is cheap (target: on / off >= "
+              "0.98). The communication thread waits in MPI while the other rank computes; "
+              "on one node autoaccum sets Open MPI's `mpi_yield_when_idle` so that it yields its "
+              "core (spinning, it cost 15-23% at one micro-batch per step here).", "",
+              "| micro-batches per step | off | on | on / off | target |", "|---|---|---|---|---|"]
+    for k, t in r["one_node"].items():
+        ratio = t["ratio"]["median"]
+        lines.append(f"| {k} | {fmt(t['off'], 1)} | {fmt(t['on'], 1)} | {fmt(t['ratio'], 3)} | "
+                     f">= 0.98 {'yes' if ratio >= 0.98 else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
 def balance_row(results):
     """The memory-model table's balance target, from the mixed-hardware figures (--only mixed)."""
     row = results.get("mixed", {}).get("balance", {}).get("3 auto")
@@ -1353,7 +1538,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog", "documents",
-                                           "memory-model", "regrow", "checkpoint"],
+                                           "memory-model", "regrow", "checkpoint", "overlap"],
                         help="run one group (lm: the language model; mixed: a slow rank and "
                              "unequal memory; precision: bf16 against fp32; watchdog: the "
                              "collective watchdog's cost) and rewrite its tables")
@@ -1396,6 +1581,9 @@ def main():
         if args.only == "checkpoint":
             bench_checkpoint(work, max(1, min(args.reps, 3)), results)
             return finish(results, start, args)
+        if args.only == "overlap":
+            bench_overlap(work, max(1, min(args.reps, 3)), results)
+            return finish(results, start, args)
         if args.only == "memory-model":
             bench_memory_model(work, 1, results)
             args.only = "memory_model"
@@ -1417,14 +1605,16 @@ def main():
         bench_memory_model(work, 1, results)
         bench_regrow(work, max(1, min(args.reps, 3)), results)
         bench_checkpoint(work, max(1, min(args.reps, 3)), results)
+        bench_overlap(work, max(1, min(args.reps, 3)), results)
     finish(results, start, args)
 
 
 def finish(results, start, args):
     """Saves the raw figures (merged into an earlier results.json for --only) and the tables."""
-    results["seconds"] = time.time() - start
+    seconds = time.time() - start
+    results["seconds"] = seconds
     for group in ("lm", "mixed", "precision", "watchdog", "documents", "memory_model",
-                  "regrow", "checkpoint"):
+                  "regrow", "checkpoint", "overlap"):
         if group in results:
             results[group]["meta"] = {k: results[k] for k in ("date", "machine")}
     path = os.path.join(ROOT, "build", "bench", "results.json")
@@ -1437,7 +1627,7 @@ def finish(results, start, args):
     if not args.no_docs:
         write_all(results)
         log("docs/benchmarks.md updated")
-    log(f"bench: {results['seconds'] / 60:.1f} minutes")
+    log(f"bench: {seconds / 60:.1f} minutes")  # this run's (an --only merges older figures)
 
 
 def write_all(results):
@@ -1485,6 +1675,11 @@ def write_all(results):
                                   "checkpoint": results["checkpoint"]})
         print(text)
         write_docs(text, "bench-checkpoint")
+    if "overlap" in results:
+        text = render_overlap({**results, **results["overlap"].get("meta", {}),
+                               "overlap": results["overlap"]})
+        print(text)
+        write_docs(text, "bench-overlap")
 
 
 def cpu_name():

@@ -18,7 +18,8 @@ DistributedDataParallel over gloo with no_sync() on all but the last micro-batch
   "tokens/s <real tokens per second over the steps after warm-up> padding <fraction>".
 
     tests/bench/ddp_baseline.py --ranks 2 --global-batch 1024 --micro-batch 64 --steps 60
-Prints "samples/s <median over steps after warm-up>".
+Prints "samples/s <median over steps after warm-up>". With `--rank R` the process is rank R of
+`--ranks` started elsewhere (srun on several nodes, MASTER_ADDR set); rank 0 prints.
 """
 import argparse
 import contextlib
@@ -170,7 +171,17 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--documents", help="--model gpt on document data (tokens + offsets)")
     parser.add_argument("--context", type=int, default=256, help="--documents: the GPT's context")
+    parser.add_argument("--rank", type=int,
+                        help="run this one rank in this process, of --ranks started elsewhere "
+                             "(srun on several nodes; MASTER_ADDR names rank 0's host)")
     args = parser.parse_args()
+    if args.rank is not None:
+        class Printer:
+            @staticmethod
+            def put(value):
+                print(f"samples/s {value:.0f}", flush=True)
+        worker(args.rank, args, Printer())
+        return
     results = mp.get_context("spawn").SimpleQueue()
     if args.documents:
         mp.start_processes(documents_worker, args=(args, results), nprocs=args.ranks,

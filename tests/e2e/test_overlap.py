@@ -64,6 +64,11 @@ class Overlap(TempDirTest):
                 self.assertGreaterEqual(int(f.attrs["gradient_buckets"]), 2, name)
             with h5py.File(outputs["off"][2], "r") as f:
                 self.assertEqual(int(f.attrs["gradient_buckets"]), 0)
+            summary = autoaccum(1, "log", log)
+            self.assertEqual(summary.returncode, 0, summary)
+            self.assertRegex(summary.stdout, r"gradient all-reduce overlapped with the last "
+                                             r"backward pass: \d+ bucket\(s\) of 10 B .*; "
+                                             r"exposed [\d.]+ ms per step \(median\)")
             self.assert_same_tensors(outputs["on"][1], outputs["off"][1])
 
     def test_an_out_of_memory_in_the_last_micro_batch_is_agreed_on_every_rank(self):
