@@ -788,16 +788,10 @@ def bench_overlap(work, reps, results):
                 f"on {rates['on']:.1f}/s, ratio {one[k]['ratio'][-1]:.3f}")
     out["one_node"] = {str(k): {x: spread(v) for x, v in one[k].items()} for k in one}
 
-    os.chmod(work, 0o755)  # munged (user munge) reaches its socket through it
-    state = os.path.join(work, "cluster")
-    up = run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes", 2, state], check=False)
-    if up.returncode != 0:
-        log("  two nodes: cluster not started (" + (up.stderr.strip().splitlines() or ["?"])[-1]
-            + ")")
+    state, env = start_two_nodes(work)
+    if not state:
         results["overlap"] = out
         return
-    env = {**os.environ, "SLURM_CONF": os.path.join(state, "slurm.conf"),
-           "SLURM_SRUN_COMM_IFHN": "10.99.0.1", "SLURM_PMIX_FENCE": "ring"}  # docs/slurm.md
     count = [0]
 
     def two_nodes(k, mode):
@@ -1263,20 +1257,30 @@ def thread_levels(launch, reps, where, env=None):
     return {k: spread(v) for k, v in times.items()}
 
 
-def two_node_allreduce(work, reps):
-    """The gradient all-reduce between two simulated nodes (network namespaces linked by a
-    bridge, jobs/ci/slurm-up.sh --nodes 2), one rank each, through srun: autoaccum's (with and
-    without the watchdog) against a raw MPI_Allreduce of the same bytes. None where the cluster
-    cannot be started (not root, no Slurm)."""
+def start_two_nodes(work):
+    """The simulated two-node cluster (jobs/ci/slurm-up.sh --nodes 2) in `work`: its state folder
+    and the environment srun needs there, or (None, None) where it cannot start (not root, no
+    Slurm). Stopped with slurm-down.sh STATE."""
     os.chmod(work, 0o755)  # munged (user munge) reaches its socket through it
     state = os.path.join(work, "cluster")
     up = run([os.path.join(ROOT, "jobs", "ci", "slurm-up.sh"), "--nodes", 2, state], check=False)
     if up.returncode != 0:
         log("  two nodes: cluster not started (" + (up.stderr.strip().splitlines() or ["?"])[-1]
             + ")")
-        return None
+        return None, None
     env = {**os.environ, "SLURM_CONF": os.path.join(state, "slurm.conf"),
            "SLURM_SRUN_COMM_IFHN": "10.99.0.1", "SLURM_PMIX_FENCE": "ring"}  # docs/slurm.md
+    return state, env
+
+
+def two_node_allreduce(work, reps):
+    """The gradient all-reduce between two simulated nodes (network namespaces linked by a
+    bridge, jobs/ci/slurm-up.sh --nodes 2), one rank each, through srun: autoaccum's (with and
+    without the watchdog) against a raw MPI_Allreduce of the same bytes. None where the cluster
+    cannot be started (not root, no Slurm)."""
+    state, env = start_two_nodes(work)
+    if not state:
+        return None
     raw = {"raw_us": [], "ours_us": [], "watched_us": [], "ratio": [], "watchdog_ratio": []}
     srun = ["srun", "-N2", "-n2", "--mpi=pmix"]
     try:
