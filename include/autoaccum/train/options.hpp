@@ -91,7 +91,7 @@ struct TrainOptions {
   // --overlap: all-reduce the gradients in buckets during the last backward pass of a step
   // (train/bucketed_reduce.hpp). auto: on when the ranks span more than one node, on the CPU.
   std::string overlap = "auto";  // auto | on | off
-  double bucket_mib = 1;         // --bucket-mib: the size of a bucket (measured: docs/benchmarks.md)
+  double bucket_mib = 1;  // --bucket-mib: the size of a bucket (measured: docs/benchmarks.md)
   // --collective-timeout: the deadline of every collective (comm/watchdog.hpp); 0: none.
   double collective_timeout_seconds = 600;
 
