@@ -15,9 +15,7 @@
 namespace autoaccum::train {
 
 void Trainer::State::choose_overlap(const std::vector<at::Tensor>& bound) {
-  std::vector<std::string> hosts(comm.hosts());
-  std::sort(hosts.begin(), hosts.end());
-  const bool several_nodes = std::unique(hosts.begin(), hosts.end()) - hosts.begin() > 1;
+  const bool several_nodes = node_count() > 1;
   const std::string& asked = options.overlap;
   bool overlap = asked == "on" || (asked == "auto" && several_nodes && world > 1);
   comm::collectively(comm, [&] {

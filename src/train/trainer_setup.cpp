@@ -471,10 +471,14 @@ void Trainer::State::open_observers() {
   }
 }
 
+std::size_t Trainer::State::node_count() const {
+  std::vector<std::string> hosts(comm.hosts());
+  std::sort(hosts.begin(), hosts.end());
+  return static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
+}
+
 void Trainer::State::announce() {
-  std::vector<std::string> unique(comm.hosts());
-  std::sort(unique.begin(), unique.end());
-  const auto nodes = std::unique(unique.begin(), unique.end()) - unique.begin();
+  const std::size_t nodes = node_count();
   std::ostringstream banner;
   banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
          << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "

@@ -178,6 +178,7 @@ struct Trainer::State {
   std::shared_ptr<torch::autograd::Node> injection_accumulator;  // holds its hook
   void install_backward_injection();
   void choose_overlap(const std::vector<at::Tensor>& bound);
+  std::size_t node_count() const;  // distinct hosts among the ranks
   std::string overlap_text() const;
 
   std::int64_t step = 0;              // optimizer steps completed
