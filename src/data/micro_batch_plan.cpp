@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "autoaccum/core/error.hpp"
@@ -40,15 +41,69 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
     return lengths[static_cast<std::size_t>(a)] > lengths[static_cast<std::size_t>(b)];
   });
+  const auto n = order.size();
+  // sorted[k]: the k-th longest length (at least 1: an empty document still takes a slot).
+  std::vector<std::int64_t> sorted(n);
+  for (std::size_t k = 0; k < n; ++k)
+    sorted[k] = std::max<std::int64_t>(1, lengths[static_cast<std::size_t>(order[k])]);
+  // The pieces are runs [j, i) of that order, of width sorted[j]. A run of one always fits (a
+  // document longer than the budget goes alone); a longer run fits by `fits`, which fails for
+  // every earlier j once it fails (more documents, no narrower).
+  const auto fits_run = [&](std::size_t j, std::size_t i) {
+    return i - j == 1 || fits(static_cast<std::int64_t>(i - j), sorted[j]);
+  };
+  // Where each piece starts. The cut: the fewest pieces, and among those the least padding,
+  // found exactly by a shortest path over the cut points (best[i]: the fewest pieces and then
+  // the fewest padded tokens that hold the first i documents). Ties keep the earlier pieces
+  // full (the greedy cut's shape). When the runs to weigh are too many (hundreds of thousands
+  // of short documents under a large budget), the greedy cut (each piece as full as it fits,
+  // also the fewest pieces) is used instead.
+  std::vector<std::size_t> starts;
+  std::size_t runs = 0;
+  constexpr std::size_t kMostRuns = std::size_t{1} << 24;
+  for (std::size_t i = 1; i <= n && runs <= kMostRuns; ++i)
+    for (std::size_t j = i; j-- > 0 && fits_run(j, i);)
+      ++runs;
+  if (runs <= kMostRuns) {
+    struct Best {
+      std::int64_t pieces, padded;
+      std::size_t from;
+    };
+    constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
+    std::vector<Best> best(n + 1, Best{kNone, kNone, 0});
+    best[0] = Best{0, 0, 0};
+    for (std::size_t i = 1; i <= n; ++i)
+      for (std::size_t j = i; j-- > 0 && fits_run(j, i);) {
+        const Best& before = best[j];
+        const std::int64_t pieces = before.pieces + 1;
+        const std::int64_t padded = before.padded + static_cast<std::int64_t>(i - j) * sorted[j];
+        Best& here = best[i];
+        // j falls: on a tie the first candidate (the latest start, the smallest last piece)
+        // stays.
+        if (pieces < here.pieces || (pieces == here.pieces && padded < here.padded))
+          here = Best{pieces, padded, j};
+      }
+    for (std::size_t i = n; i > 0; i = best[i].from)
+      starts.push_back(best[i].from);
+    std::reverse(starts.begin(), starts.end());
+  } else {
+    for (std::size_t i = 0; i < n;) {
+      starts.push_back(i);
+      std::size_t end = i + 1;
+      while (end < n && fits_run(i, end + 1))
+        ++end;
+      i = end;
+    }
+  }
   MicroBatchPlan plan;
-  for (std::size_t i = 0; i < order.size();) {
+  for (std::size_t p = 0; p < starts.size(); ++p) {
+    const std::size_t end = p + 1 < starts.size() ? starts[p + 1] : n;
     MicroBatchPiece piece;
-    piece.width = std::max<std::int64_t>(1, lengths[static_cast<std::size_t>(order[i])]);
-    while (i < order.size() && (piece.count == 0 || fits(piece.count + 1, piece.width))) {
-      piece.documents.push_back(order[i]);
-      piece.tokens += lengths[static_cast<std::size_t>(order[i])];
+    piece.width = sorted[starts[p]];
+    for (std::size_t k = starts[p]; k < end; ++k) {
+      piece.documents.push_back(order[k]);
+      piece.tokens += lengths[static_cast<std::size_t>(order[k])];
       ++piece.count;
-      ++i;
     }
     plan.tokens += piece.tokens;
     plan.padded_tokens += piece.size();

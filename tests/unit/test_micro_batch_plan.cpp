@@ -74,6 +74,84 @@ TEST(PlanDocuments, SortingByLengthPadsLessThanFileOrder) {
             0.1 * static_cast<double>(sorted.tokens));
 }
 
+// Every way to cut the longest-first order into runs, tried one by one: the fewest pieces that
+// hold the budget, and the least padding among those.
+std::pair<std::int64_t, std::int64_t> brute_force_cut(std::vector<std::int64_t> lengths,
+                                                      std::int64_t budget) {
+  std::stable_sort(lengths.begin(), lengths.end(), std::greater<>());
+  const std::size_t n = lengths.size();
+  std::pair<std::int64_t, std::int64_t> best{1 << 30, 0};
+  for (std::uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+    std::int64_t pieces = 0, padded = 0;
+    bool ok = true;
+    for (std::size_t start = 0; start < n && ok;) {
+      std::size_t end = start + 1;
+      while (end < n && !(cuts & (1u << (end - 1))))
+        ++end;
+      const auto count = static_cast<std::int64_t>(end - start);
+      ok = count == 1 || count * lengths[start] <= budget;
+      ++pieces;
+      padded += count * lengths[start];
+      start = end;
+    }
+    if (ok && std::make_pair(pieces, padded) < best) best = {pieces, padded};
+  }
+  return best;
+}
+
+TEST(PlanDocuments, TheFewestPiecesAndTheLeastPaddingOfEveryPossibleCut) {
+  std::int64_t greedy_padding = 0, plan_padding = 0;
+  for (std::uint32_t seed = 0; seed < 200; ++seed) {
+    const auto lengths = random_lengths(4 + seed % 11, seed + 1000);
+    const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    const std::int64_t budget = longest + static_cast<std::int64_t>(seed % 7) * longest / 2;
+    const MicroBatchPlan plan = plan_documents(lengths, budget);
+    const auto [pieces, padded] = brute_force_cut(lengths, budget);
+    ASSERT_EQ(static_cast<std::int64_t>(plan.pieces.size()), pieces) << "seed " << seed;
+    ASSERT_EQ(plan.padded_tokens, padded) << "seed " << seed;
+    // Against taking documents while they fit (the same number of pieces).
+    std::vector<std::int64_t> sorted = lengths;
+    std::stable_sort(sorted.begin(), sorted.end(), std::greater<>());
+    std::int64_t greedy = 0, greedy_pieces = 0;
+    for (std::size_t i = 0; i < sorted.size(); ++greedy_pieces) {
+      std::size_t end = i + 1;
+      while (end < sorted.size() && static_cast<std::int64_t>(end + 1 - i) * sorted[i] <= budget)
+        ++end;
+      greedy += static_cast<std::int64_t>(end - i) * sorted[i];
+      i = end;
+    }
+    EXPECT_EQ(greedy_pieces, pieces);
+    EXPECT_LE(padded, greedy);
+    greedy_padding += greedy, plan_padding += padded;
+  }
+  EXPECT_LT(plan_padding, greedy_padding);  // the cut matters somewhere in 200 draws
+}
+
+TEST(PlanDocuments, VeryManyShortDocumentsUnderALargeBudgetAreCutGreedily) {
+  // 300,000 documents of 1-3 tokens under a budget of 150,000: more than 2^24 runs to weigh.
+  std::vector<std::int64_t> lengths(300000);
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    lengths[i] = 1 + static_cast<std::int64_t>(i % 3);
+  const MicroBatchPlan plan = plan_documents(lengths, 150000);
+  // Greedy, longest first: 50,000 of 3 twice, 75,000 of 2, then 25,000 of 2 with 50,000 of 1
+  // at width 2 (padded 150,000), and the last 50,000 of 1. The least padding in 5 pieces would
+  // end 25,000 of 2, then 125,000 of 1 (625,000 padded against 650,000).
+  std::int64_t documents = 0;
+  for (const auto& piece : plan.pieces) {
+    EXPECT_LE(piece.size(), 150000);
+    documents += piece.count;
+  }
+  EXPECT_EQ(documents, 300000);
+  ASSERT_EQ(plan.pieces.size(), 5u);
+  const std::vector<std::pair<std::int64_t, std::int64_t>> expected = {
+      {50000, 3}, {50000, 3}, {75000, 2}, {75000, 2}, {50000, 1}};
+  for (std::size_t p = 0; p < expected.size(); ++p) {
+    EXPECT_EQ(plan.pieces[p].count, expected[p].first) << "piece " << p;
+    EXPECT_EQ(plan.pieces[p].width, expected[p].second) << "piece " << p;
+  }
+  EXPECT_EQ(plan.padded_tokens, 650000);
+}
+
 TEST(PlanDocuments, AWidthCostLetsNarrowPiecesTakeMoreTokensForTheSameCost) {
   // 4 documents of 256 tokens, then 40 of 32. Budget 1024 tokens, predicted at width 256.
   std::vector<std::int64_t> lengths(4, 256);

@@ -1,7 +1,8 @@
 // MicroBatchPlan: which rows of a rank's slab go through the model together, and their padded
 // shape. Row data is cut into consecutive slices of m rows (views); document data into groups
 // of documents, longest first, whose padded size (documents x longest) stays within a token
-// budget. The step loop runs a plan without knowing which kind it is.
+// budget, with the least padding that the fewest such groups allow. The step loop runs a plan
+// without knowing which kind it is.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +44,12 @@ struct WidthCost {
 MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size);
 
 // Documents of these lengths under a budget of `budget` padded tokens: ordered longest first
-// (ties in slab order), each piece takes the next documents while (count x its first, longest
-// document) <= budget (weighed by `cost`), and at least one. A document longer than the budget
-// goes alone.
+// (ties in slab order) and cut into runs of that order, each holding (count x its first,
+// longest document) <= budget (weighed by `cost`) or a single document (one longer than the
+// budget goes alone). The cut has the fewest pieces (as many as taking documents while they
+// fit would give) and, among those, the fewest padded tokens; ties keep the earlier pieces
+// full. Beyond 2^24 candidate runs (very many short documents under a large budget) the plan
+// is that greedy cut itself.
 MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
                               WidthCost cost = {});
 
