@@ -127,6 +127,51 @@ void write_integers(hdf5::File& file, const std::string& name,
                      values.data());
 }
 
+// memory_model/points [n, 4] and memory_model/ranks [W, 3], float64 (see Checkpoint).
+void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryModelRecord>& m) {
+  if (m.empty()) return;
+  std::vector<double> points, ranks;
+  for (std::size_t r = 0; r < m.size(); ++r) {
+    for (std::size_t i = 0; i + 3 <= m[r].points.size(); i += 3)
+      points.insert(points.end(), {static_cast<double>(r), m[r].points[i], m[r].points[i + 1],
+                                   m[r].points[i + 2]});
+    ranks.insert(ranks.end(), {m[r].failed_units, m[r].base, m[r].width_ratio});
+  }
+  const auto rows = static_cast<std::int64_t>(points.size() / 4);
+  auto p = file.create_dataset("memory_model/points", hdf5::DType::kFloat64, {rows, 4});
+  if (rows > 0) p.write_rows(0, rows, hdf5::DType::kFloat64, points.data());
+  const auto world = static_cast<std::int64_t>(m.size());
+  file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 3})
+      .write_rows(0, world, hdf5::DType::kFloat64, ranks.data());
+}
+
+std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file) {
+  std::vector<Checkpoint::MemoryModelRecord> m;
+  if (!file.has_dataset("memory_model/ranks") || !file.has_dataset("memory_model/points")) return m;
+  auto ranks = file.dataset("memory_model/ranks");
+  auto points = file.dataset("memory_model/points");
+  const auto rank_shape = ranks.shape(), point_shape = points.shape();
+  if (rank_shape.size() != 2 || rank_shape[1] != 3 || point_shape.size() != 2 ||
+      point_shape[1] != 4)
+    throw InputError("its memory_model datasets do not have the shapes [W, 3] and [n, 4]");
+  std::vector<double> r(static_cast<std::size_t>(rank_shape[0] * 3)),
+      p(static_cast<std::size_t>(point_shape[0] * 4));
+  if (!r.empty()) ranks.read_rows(0, rank_shape[0], hdf5::DType::kFloat64, r.data());
+  if (!p.empty()) points.read_rows(0, point_shape[0], hdf5::DType::kFloat64, p.data());
+  m.resize(static_cast<std::size_t>(rank_shape[0]));
+  for (std::size_t i = 0; i < m.size(); ++i)
+    m[i] = Checkpoint::MemoryModelRecord{{}, r[3 * i], r[3 * i + 1], r[3 * i + 2]};
+  for (std::size_t i = 0; i + 4 <= p.size(); i += 4) {
+    const double rank = p[i];
+    if (!(rank >= 0 && rank < static_cast<double>(m.size())))
+      throw InputError("its memory_model/points name rank " + std::to_string(rank) + " of " +
+                       std::to_string(m.size()));
+    auto& into = m[static_cast<std::size_t>(rank)].points;
+    into.insert(into.end(), {p[i + 1], p[i + 2], p[i + 3]});
+  }
+  return m;
+}
+
 std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& name) {
   std::vector<std::int64_t> values;
   if (!file.has_dataset(name)) return values;
@@ -189,7 +234,7 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
 // dataset + the attributes' bytes twice).
 std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
   std::int64_t data = optimizer_bytes;
-  std::int64_t datasets = 6;  // optimizer/state and the integer lists, with room to spare
+  std::int64_t datasets = 8;  // optimizer/state, the integer lists, the memory models, spare
   std::int64_t names = 0;
   for (const auto* list : {&c.params, &c.buffers}) {
     for (const auto& [name, tensor] : *list) {
@@ -204,6 +249,8 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
   }
   data += 8 * static_cast<std::int64_t>(c.micro_batches.size() + c.shares.size() +
                                         c.shares_after.size());
+  for (const auto& m : c.memory_models)  // 4 doubles a point, 3 a rank
+    data += 8 * static_cast<std::int64_t>(m.points.size() / 3 * 4 + 3);
   std::int64_t longest = 0;  // the name lists are fixed-width strings
   for (const auto* list : {&c.params, &c.buffers})
     for (const auto& named : *list)
@@ -255,6 +302,7 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c) {
     write_integers(file, "micro_batches", c.micro_batches);
     write_integers(file, "shares", c.shares);
     write_integers(file, "shares_after", c.shares_after);
+    write_memory_models(file, c.memory_models);
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
     file.write_attribute("format", std::string(kFormat));
@@ -338,6 +386,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.micro_batches = read_integers(file, "micro_batches");
   c.shares = read_integers(file, "shares");
   c.shares_after = read_integers(file, "shares_after");
+  c.memory_models = read_memory_models(file);
   c.world_size = file.read_int_attribute("world_size");
   c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
   if (file.has_attribute("loss_scale")) {

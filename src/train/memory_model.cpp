@@ -29,6 +29,26 @@ void MemoryModel::observe(const MicroBatchShape& shape, std::int64_t peak_bytes)
   points_.push_back(Point{shape, peak});
 }
 
+MemoryModel::Record MemoryModel::record() const {
+  Record r;
+  for (const Point& p : points_)
+    r.points.insert(r.points.end(), {p.shape.units, p.shape.square, p.peak});
+  r.failed_units = failed_units_;
+  r.base = base_;
+  return r;
+}
+
+MemoryModel MemoryModel::from_record(const Record& record) {
+  MemoryModel model;
+  for (std::size_t i = 0; i + 3 <= record.points.size() && model.points_.size() < kMaxPoints;
+       i += 3)
+    model.points_.push_back(
+        Point{MicroBatchShape{record.points[i], record.points[i + 1]}, record.points[i + 2]});
+  model.failed_units_ = record.failed_units;
+  model.base_ = record.base;
+  return model;
+}
+
 void MemoryModel::ran_out(const MicroBatchShape& shape) {
   if (!(shape.units > 0)) return;
   failed_units_ = failed_units_ > 0 ? std::min(failed_units_, shape.units) : shape.units;

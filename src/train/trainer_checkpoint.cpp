@@ -293,6 +293,19 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   }
   make_micro_batches(saved);
   if (!note.empty()) say_later.push_back(note);
+  // The memory models and the documents' width costs continue on the same ranks, so the resumed
+  // run predicts, regrows and cuts documents as the interrupted one would have. On another
+  // number of ranks they belong to ranks that may not exist: learned again from the attempts.
+  if (c.world_size == world && static_cast<int>(c.memory_models.size()) == world &&
+      memory_models.size() == c.memory_models.size()) {
+    width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
+    for (std::size_t r = 0; r < memory_models.size(); ++r) {
+      const auto& m = c.memory_models[r];
+      memory_models[r] = MemoryModel::from_record({m.points, m.failed_units, m.base});
+      if (documents() && !fixed_size && m.width_ratio > 0)
+        width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
+    }
+  }
   // Balanced shares continue on the same ranks; on another number they start even again.
   const auto valid = [&](const std::vector<std::int64_t>& v) {
     return static_cast<int>(v.size()) == world &&
@@ -302,6 +315,10 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   if (options.balance && valid(c.shares) && valid(c.shares_after)) {
     shares->change(step, c.shares);
     shares->change(step + 1, c.shares_after);
+    // The recorded sizes already follow these shares: followed again only when they change,
+    // as in the interrupted run (a resumed run that followed them afresh would start from what
+    // its memory models say now, not from the sizes it had).
+    followed_shares = c.shares;
   } else if (options.balance && !c.shares.empty()) {
     say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
                         ") were for another number of ranks or global batch: the ranks start "
@@ -380,6 +397,11 @@ void Trainer::State::save_checkpoint() {
     if (options.balance) {
       c.shares = shares->shares(step);
       c.shares_after = shares->shares(step + 1);
+    }
+    for (std::size_t r = 0; r < memory_models.size(); ++r) {
+      const MemoryModel::Record m = memory_models[r].record();
+      c.memory_models.push_back(io::Checkpoint::MemoryModelRecord{
+          m.points, m.failed_units, m.base, width_cost(static_cast<int>(r)).ratio});
     }
     c.world_size = world;
     c.seed = options.seed;

@@ -149,7 +149,7 @@ struct Trainer::State {
   std::optional<MemoryPrediction> prediction;  // the probe's, once it ran
   // Documents, automatic budgets: how each rank's budget is spent across widths, from its memory
   // model at the probe (data::WidthCost; fixed for the run, so every rank cuts every rank's
-  // pieces alike; none after a resume, which is the conservative cut).
+  // pieces alike; a resume on the same ranks takes them from the checkpoint).
   std::vector<data::WidthCost> width_costs;
   data::WidthCost width_cost(int r) const {
     const auto i = static_cast<std::size_t>(r);

@@ -492,11 +492,14 @@ def render_documents(results):
 MM_STEPS = 20  # throughput: the median over steps 3-19
 
 
-def mm_train(work, data, args, micro_batch, global_batch, steps, limit=None, extra=()):
-    """One run: the run log's steps, OOM rows and memory_model group (None if it failed)."""
+def mm_train(work, data, args, micro_batch, global_batch, steps, limit=None, extra=(),
+             unit="rows"):
+    """One run: the run log's steps, OOM rows and memory_model group (None if it failed).
+    `unit` "tokens": document data, `micro_batch` is a token budget."""
     path = os.path.join(work, f"mm-{time.monotonic_ns()}.h5")
+    option = "--micro-batch-tokens" if unit == "tokens" else "--micro-batch"
     cmd = MPI + [BIN, "train", "--data", data, *args, "--global-batch", global_batch,
-                 "--micro-batch", micro_batch, "--steps", steps, "--threads", 1,
+                 option, micro_batch, "--steps", steps, "--threads", 1,
                  "--log-every", 0, "--shuffle", "none", "--run-log", path, *extra]
     if limit:
         cmd += ["--memory-limit", limit]
@@ -526,35 +529,69 @@ def bench_memory_model(work, reps, results):
     gpt = os.path.join(work, "mm-gpt.pt")
     run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", gpt]
         + [a for k, v in LM.items() for a in (f"--{k}", v)])
-    models = {  # name: data, arguments, global batch, placements
-        "mlp 784-256-10": (runner_data, ["--model", "mlp", "--hidden", "256"], 512, 10),
-        "cnn (Fashion-MNIST)": (fashion, ["--model", "cnn"], 256, 10),
-        "GPT rows (context 64)": (text, ["--model-file", gpt, "--optimizer", "adamw",
-                                         "--lr", "0.003"], 256, 10),
+    # torchvision's resnet18 (11.2M parameters, BatchNorm), scripted, on 3x32x32 images.
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    resnet = os.path.join(work, "mm-resnet18.pt")
+    torch.jit.script(torchvision.models.resnet18(num_classes=10)).save(resnet)
+    images = os.path.join(work, "mm-images.h5")
+    draw = np.random.default_rng(5)
+    with h5py.File(images, "w") as f:
+        f["x"] = draw.standard_normal((2048, 3, 32, 32)).astype(np.float32)
+        f["y"] = draw.integers(0, 10, 2048).astype(np.int64)
+        f.attrs["num_classes"] = 10
+    # The GPT of the documents benchmark on fortunes as documents, cut by a token budget.
+    folder = os.path.join(work, "docs")
+    docs = os.path.join(folder, "text-docs-train.h5")
+    if not os.path.exists(docs):
+        run([BIN, "import", "text", "--out", folder, "--documents", "fortune", "--max-length",
+             DOCS["context"]])
+    dmodel = os.path.join(folder, "mm-gpt-docs.pt")
+    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", dmodel]
+        + [a for k, v in DOCS.items() for a in (f"--{k}", v)])
+    adamw = ["--optimizer", "adamw", "--lr", "0.003"]
+    models = {  # name: data, arguments, global batch, placements, unit, lowest power of two
+        "mlp 784-256-10": (runner_data, ["--model", "mlp", "--hidden", "256"], 512, 10, "rows", 1),
+        "cnn (Fashion-MNIST)": (fashion, ["--model", "cnn"], 256, 10, "rows", 1),
+        "resnet18 (torchvision, scripted, 3x32x32)": (images, ["--model-file", resnet, *adamw],
+                                                      128, 10, "rows", 1),
+        "GPT rows (context 64)": (text, ["--model-file", gpt, *adamw], 256, 10, "rows", 1),
+        # Budgets from the longest document (256 tokens) to a whole share's padded size.
+        "GPT documents (fortunes, tokens)": (docs, ["--model-file", dmodel, *adamw], 64, 10,
+                                             "tokens", 8),
     }
     out = {}
-    for name, (data, args, batch, placements) in models.items():
-        share = batch // RANKS
+    for name, (data, args, batch, placements, unit, lowest) in models.items():
+        # The largest power of two: the share's rows, or for documents its padded size at the
+        # longest width (32 documents x 256 tokens).
+        top = int(np.log2(batch // RANKS)) + (lowest if unit == "tokens" else 0)
+        # Rows: sizes are the same at every step, 2 steps say what fits. Documents: each step
+        # cuts other pieces, so every run is as long as the measured ones.
+        probe_steps = 2 if unit == "rows" else MM_STEPS
         peaks = {}
-        for k in range(1, int(np.log2(share)) + 1):
-            got = mm_train(work, data, args, 2 ** k, batch, 2)
+        for k in range(lowest, top + 1):
+            got = mm_train(work, data, args, 2 ** k, batch, probe_steps, unit=unit)
             peaks[k] = got["peak"]
         rows = []
         for p in range(placements):
-            k = int(rng.integers(1, int(np.log2(share))))  # 2^k fits, 2^(k+1) <= share does not
+            k = int(rng.integers(lowest, top))  # 2^k fits, 2^(k+1) <= the share does not
             limit = int(peaks[k] + rng.uniform(0.05, 0.95) * (peaks[k + 1] - peaks[k]))
             low, high = 2 ** k, 2 ** (k + 1)
-            while high - low > 1:
+            # Rows: to the row. Tokens: to 1/64 of the size (about 1.5%).
+            resolution = 1 if unit == "rows" else max(1, low // 64)
+            while high - low > resolution:
                 middle = (low + high) // 2
-                if mm_train(work, data, args, middle, batch, 2, limit=limit) is not None:
+                if mm_train(work, data, args, middle, batch, probe_steps, limit=limit,
+                            unit=unit) is not None:
                     low = middle
                 else:
                     high = middle
             truth = low
-            predict = mm_train(work, data, args, "auto", batch, MM_STEPS, limit=limit)
+            predict = mm_train(work, data, args, "auto", batch, MM_STEPS, limit=limit, unit=unit)
             halve = mm_train(work, data, args, "auto", batch, MM_STEPS, limit=limit,
-                             extra=["--micro-batch-search", "halve"])
-            fixed = mm_train(work, data, args, truth, batch, MM_STEPS, limit=limit)
+                             extra=["--micro-batch-search", "halve"], unit=unit)
+            fixed = mm_train(work, data, args, truth, batch, MM_STEPS, limit=limit, unit=unit)
             if predict is None or halve is None or fixed is None:
                 log(f"  {name} placement {p + 1}: a run failed (predict {predict is not None}, "
                     f"halve {halve is not None}, fixed {fixed is not None}); skipped")
@@ -580,14 +617,6 @@ def bench_memory_model(work, reps, results):
                 f"{row['rate_ratio']:.3f} of fixed {truth}")
         out[name] = rows
     # Documents: a whole epoch of fortunes with the GPT of the documents benchmark.
-    folder = os.path.join(work, "docs")
-    docs = os.path.join(folder, "text-docs-train.h5")
-    if not os.path.exists(docs):
-        run([BIN, "import", "text", "--out", folder, "--documents", "fortune", "--max-length",
-             DOCS["context"]])
-    dmodel = os.path.join(folder, "mm-gpt-docs.pt")
-    run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", dmodel]
-        + [a for k, v in DOCS.items() for a in (f"--{k}", v)])
     with h5py.File(docs, "r") as f:
         epoch = (len(f["offsets"]) - 1) // DOCS_BATCH
     path = os.path.join(work, "mm-docs.h5")

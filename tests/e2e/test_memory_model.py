@@ -322,6 +322,43 @@ class TokenBudgets(TempDirTest):
         params = um.checkpoint_tensors(checkpoint)[0]
         self.assertLess(um.update_distance(params, ref, initial), td.EXACT)
 
+    @unittest.skipUnless(os.path.isdir("/usr/share/games/fortunes"),
+                         "Debian's fortunes package is not installed")
+    def test_a_resumed_run_cuts_documents_as_the_uninterrupted_one_bit_for_bit(self):
+        # The checkpoint keeps every rank's memory model and how a budget is spent across
+        # widths (data::WidthCost, fixed at the probe), so a resumed run cuts the same
+        # micro-batches and ends with the same parameters as one that was never stopped.
+        import test_documents as td
+        data, _, model, _ = td.fortune_documents_and_gpt(self)
+
+        def train(name, steps, *args):
+            log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+            r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file",
+                          model, "--global-batch", 24, "--steps", steps, "--shuffle", "batch",
+                          "--lr", 0.1, "--momentum", 0, "--threads", 1, "--memory-limit",
+                          "2MiB", "--run-log", log, "--checkpoint", self.path(f"{name}.ckpt.h5"),
+                          *args, timeout=180)
+            self.assertEqual(r.returncode, 0, r)
+            return log, checkpoint
+
+        whole_log, whole = train("whole", 10)
+        train("cut", 5)
+        cut_log, cut = train("cut", 10, "--resume")
+        with h5py.File(whole, "r") as f:
+            ratios = f["memory_model/ranks"][:, 2]
+            points = f["memory_model/points"][:]
+        self.assertEqual(len(ratios), 2)
+        self.assertEqual(sorted(set(points[:, 0].astype(int))), [0, 1])  # both ranks' models
+        self.assertTrue(all(points[:, 3] > 0))  # peaks in bytes
+        with h5py.File(whole_log, "r") as a, h5py.File(cut_log, "r") as b:
+            self.assertEqual(list(b["steps/step"][:]), list(range(10)))
+            self.assertEqual(list(a["steps/padded_tokens"][:]), list(b["steps/padded_tokens"][:]))
+            self.assertEqual(len(a["oom/step"]), 0)
+            self.assertEqual(len(b["oom/step"]), 0)
+        p, q = um.checkpoint_tensors(whole)[0], um.checkpoint_tensors(cut)[0]
+        for name in p:
+            np.testing.assert_array_equal(p[name], q[name], err_msg=name)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -141,6 +141,28 @@ class MixedRanks(TempDirTest):
                     self.assertEqual(len(f["oom/step"]), 0)
                 self.assert_equals_pytorch(2, log, checkpoint, 120, 6)
 
+    def test_a_resumed_run_keeps_following_the_shares_within_its_memory(self):
+        # 1.25 MiB: the fast rank's grown share does not fit whole; its memory model says how
+        # much of it does. A resumed run continues at the recorded sizes and follows later
+        # changes of the shares with the memory models the checkpoint kept: no out-of-memory
+        # after the resume (without them it took the whole share, which ran out).
+        common = ("--global-batch", 120, "--balance", "throughput", "--balance-every", 2,
+                  "--inject-slow", "rank=1,factor=4", "--log-every", 1, "--memory-limit",
+                  "1.25MiB")
+        self.train(2, "follow-resume", *common, "--steps", 5)
+        r, log, checkpoint = self.train(2, "follow-resume", *common, "--steps", 12, "--resume")
+        micro, parts, _ = um.rank_sizes(log)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(list(f["steps/step"][:]), list(range(12)))
+            self.assertEqual([int(s) for s in f["oom/step"][:]], [], r.stdout)
+        # At the resume, the sizes it had.
+        self.assertEqual([micro(5, rank) for rank in (0, 1)], [micro(4, rank) for rank in (0, 1)])
+        for step in range(5, 12):
+            rows = [hi - lo for lo, hi in parts(step)]
+            self.assertLess(rows[1], 45, rows)
+            self.assertLess(micro(step, 0), rows[0], (step, rows))  # in more than one piece
+        self.assert_equals_pytorch(2, log, checkpoint, 120, 12)
+
     def test_resume_on_another_number_of_ranks_continues_the_same_run(self):
         x, y = um.classification_data(240, (8,), 3, seed=9)
         data = um.write_data(self.path("flat.h5"), x, y, classes=3)

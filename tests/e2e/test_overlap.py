@@ -3,6 +3,7 @@ same sums as the one collective (bit for bit on two ranks), and the agreement st
 a rank runs out of memory in the forward or the backward pass of that micro-batch, is stopped by
 a signal in the middle of a step, or stalls (the watchdog names the bucket the others wait in).
 Results against PyTorch's own computation and against runs without overlap."""
+import os
 import re
 import signal
 import subprocess
@@ -96,6 +97,47 @@ class Overlap(TempDirTest):
                 self.assertRegex(r.stdout, rf"{who} ran out of memory at micro-batch 32 in "
                                            rf"{where}\b.*all 3 ranks continue at 16", r.stdout)
                 self.assert_same_tensors(checkpoint, fixed)
+
+    @unittest.skipUnless(os.path.isdir("/usr/share/games/fortunes"),
+                         "Debian's fortunes package is not installed")
+    def test_documents_cut_by_tokens_give_the_same_sums_and_agree_on_an_out_of_memory(self):
+        # The GPT on fortunes as documents, buckets of about 1 KiB. A fixed budget of 160 tokens:
+        # several length-ordered, padded micro-batches per rank, on equals off bit for bit. An
+        # automatic budget: each rank's share starts as one micro-batch (the last of its
+        # attempt), rank 1 runs out of memory late in its backward pass at step 1, after the
+        # first buckets went, and every rank retries the step at a smaller budget; on equals
+        # off bit for bit.
+        import test_documents as td
+        data, _, model, _ = td.fortune_documents_and_gpt(self)
+        common = ["--global-batch", 24, "--steps", 3, "--lr", 0.1, "--momentum", 0.9,
+                  "--bucket-mib", "0.001"]
+        data = f"{data}/text-docs-train.h5"
+        for case, extra in (("plain", ["--micro-batch-tokens", 160]),
+                            ("oom", ["--micro-batch-tokens", "auto", "--micro-batch-search",
+                                     "halve", "--inject-oom", "rank=1,above=300,step=1,backward=1"])):
+            outputs = {}
+            for overlap in ("on", "off"):
+                checkpoint = self.path(f"docs-{case}-{overlap}.h5")
+                log = self.path(f"docs-{case}-{overlap}-log.h5")
+                r = self.train(2, model, data, *common, *extra, "--overlap", overlap,
+                               "--checkpoint", checkpoint, "--run-log", log)
+                self.assertEqual(r.returncode, 0, r)
+                outputs[overlap] = (checkpoint, log)
+            with h5py.File(outputs["on"][1], "r") as f:
+                self.assertGreaterEqual(int(f.attrs["gradient_buckets"]), 2)
+                oom_steps = set(int(s) for s in f["oom/step"][:])
+                budgets = [int(b) for b in f["steps/micro_batch"][:]]
+                pieces = [int(a) for a in f["steps/accumulation"][:]]
+            if case == "plain":
+                self.assertEqual((oom_steps, budgets), (set(), [160] * 3))
+                self.assertGreaterEqual(min(pieces), 2)
+            else:
+                self.assertEqual(oom_steps, {1})
+                self.assertEqual(pieces[0], 1)  # rank 0's share whole: the last micro-batch
+                self.assertGreater(budgets[0], 300)
+                self.assertLessEqual(budgets[1], 300)
+                self.assertEqual(budgets[2], budgets[1])
+            self.assert_same_tensors(outputs["on"][0], outputs["off"][0])
 
     def test_a_stop_signal_in_the_middle_of_a_step_drops_it_and_the_resume_is_exact(self):
         # Rank 0 stalls at the start of step 1 while rank 1 computes it; SIGUSR1 reaches both:

@@ -81,5 +81,30 @@ TEST(Checkpoint, TensorsOfEveryKindAndAStreamedOptimizerRoundTrip) {
   std::remove(path.c_str());
 }
 
+TEST(Checkpoint, MemoryModelsRoundTripPerRankAndOlderFilesHaveNone) {
+  const std::string path = "/tmp/autoaccum-unit-memory-" + std::to_string(::getpid()) + ".h5";
+  Checkpoint c;
+  c.params = {{"w", torch::ones({2})}};
+  c.world_size = 3;
+  // Rank 1 has no point yet; the values keep every bit (float64).
+  c.memory_models = {{{1.0 / 3, 2.0 / 7, 123456789.125, 64, 4096, 987654321.5}, 96, 3e6, 0.01 / 3},
+                     {{}, 0, 0, 0},
+                     {{8, 0, 1048576.75}, 0, 1e6, 0}};
+  write_checkpoint(path, c);
+  const Checkpoint back = read_checkpoint(path);
+  ASSERT_EQ(back.memory_models.size(), 3u);
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(back.memory_models[r].points, c.memory_models[r].points) << "rank " << r;
+    EXPECT_EQ(back.memory_models[r].failed_units, c.memory_models[r].failed_units);
+    EXPECT_EQ(back.memory_models[r].base, c.memory_models[r].base);
+    EXPECT_EQ(back.memory_models[r].width_ratio, c.memory_models[r].width_ratio);
+  }
+  c.memory_models.clear();  // a fixed micro-batch, or a checkpoint from before they were kept
+  write_checkpoint(path, c);
+  EXPECT_TRUE(read_checkpoint(path).memory_models.empty());
+  std::remove(path.c_str());
+  std::remove(previous_checkpoint_path(path).c_str());
+}
+
 }  // namespace
 }  // namespace autoaccum::io

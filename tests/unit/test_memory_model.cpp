@@ -155,6 +155,40 @@ TEST(MemoryModel, OnePointPerShapeAtItsHighestPeakAndABoundedHistory) {
   EXPECT_NEAR(model.fit()->per_unit + 7 * model.fit()->per_square, 100.0, 1e-6);
 }
 
+TEST(MemoryModel, ARecordRestoresAModelThatPredictsAndLearnsAlike) {
+  // Noisy documents' peaks, a failure and a base: the restored model fits, predicts and then
+  // learns from the same new measurements exactly as the one it was recorded from.
+  MemoryModel model;
+  model.set_base(3000000);
+  for (int i = 1; i <= 40; ++i) {
+    const double rows = 1 + i % 7, width = 16 + (i * 37) % 200;
+    model.observe({rows * width, rows * width * width},
+                  3000000 + std::llround(rows * width * 700 + rows * width * width * 2.5) +
+                      (i * 7919) % 5000);
+  }
+  model.ran_out({2400, 2400 * 256});
+  MemoryModel restored = MemoryModel::from_record(model.record());
+  const auto same = [](const MemoryModel& a, const MemoryModel& b) {
+    const auto fa = a.fit(), fb = b.fit();
+    ASSERT_TRUE(fa && fb);
+    EXPECT_EQ(fa->fixed, fb->fixed);
+    EXPECT_EQ(fa->per_unit, fb->per_unit);
+    EXPECT_EQ(fa->per_square, fb->per_square);
+    EXPECT_EQ(a.failed_units(), b.failed_units());
+    EXPECT_EQ(a.observations(), b.observations());
+    EXPECT_EQ(a.largest(9000000, 0.05, 1 << 16, 256), b.largest(9000000, 0.05, 1 << 16, 256));
+  };
+  same(model, restored);
+  EXPECT_EQ(restored.failed_units(), 2400);
+  for (MemoryModel* m : {&model, &restored}) {
+    m->observe({512, 512 * 64}, 3000000 + 512 * 900);
+    m->ran_out({1800, 1800 * 200});
+  }
+  same(model, restored);
+  // Nothing recorded: nothing to predict from.
+  EXPECT_FALSE(MemoryModel::from_record(MemoryModel{}.record()).fit());
+}
+
 TEST(MemoryModel, Describe) {
   const MemoryFit fit{7.7 * (1 << 20), 71.0 * 1024, 0};
   EXPECT_EQ(MemoryModel::describe(fit, "row"), "fixed 7.7 MiB + 71.0 KiB/row");

@@ -57,6 +57,18 @@ struct Checkpoint {
   // Each rank's random-number generator state (opaque bytes), at rng/rank<R>; empty in
   // checkpoints written before autoaccum saved them.
   std::vector<std::string> generator_states;
+  // Each rank's memory model (--micro-batch-search predict), so a resumed run predicts and cuts
+  // documents as the interrupted one would have: memory_model/points, rows of (rank, units,
+  // square, peak bytes); memory_model/ranks, a row per rank of (smallest size that ran out,
+  // base bytes, documents' width-cost ratio). Empty: none recorded (older checkpoints, fixed
+  // micro-batches).
+  struct MemoryModelRecord {
+    std::vector<double> points;  // (units, square, peak) per point
+    double failed_units = 0;
+    double base = 0;
+    double width_ratio = 0;
+  };
+  std::vector<MemoryModelRecord> memory_models;
   // Each rank's fingerprint of its parameters when the checkpoint was written (hex), at
   // replica_fingerprints: all equal unless the replicas drifted apart; empty in older ones.
   std::vector<std::string> replica_fingerprints;

@@ -58,6 +58,16 @@ class MemoryModel {
   // The smallest size that ran out of memory (units), 0 when none did.
   double failed_units() const noexcept { return failed_units_; }
   std::size_t observations() const noexcept { return points_.size(); }  // distinct shapes
+  // The model as numbers, for a checkpoint: every point as (units, square, peak) in the order
+  // they were kept, the smallest size that ran out, the base bytes. from_record(record()) is the
+  // same model: it fits and predicts alike, bit for bit.
+  struct Record {
+    std::vector<double> points;  // 3 per point
+    double failed_units = 0;
+    double base = 0;
+  };
+  Record record() const;
+  static MemoryModel from_record(const Record& record);
   // "fixed 7.7 MiB + 71.0 KiB/row" (+ " + 12 B/row x width^2" for documents).
   static std::string describe(const MemoryFit& fit, const std::string& unit);
 
