@@ -50,9 +50,18 @@ const char* phase_name(AttemptPhase phase) noexcept {
       return "backward";
     case AttemptPhase::kBuffers:
       return "the buffer update";
+    case AttemptPhase::kRefused:
+      return "a model error";
     default:
       return "an unknown place";
   }
+}
+
+std::vector<int> StepOutcome::refused() const {
+  std::vector<int> ranks;
+  for (int r : out_of_memory)
+    if (phases.at(static_cast<std::size_t>(r)) == AttemptPhase::kRefused) ranks.push_back(r);
+  return ranks;
 }
 
 StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {

@@ -51,6 +51,16 @@ extern "C" void on_stop_signal(int) {
   g_stop.store(true);
 }
 
+// The last non-empty line of an error: what a TorchScript traceback ends with (the model's own
+// words, e.g. "builtins.ValueError: Expected more than 1 value per channel ...").
+std::string last_line(const std::string& text) {
+  std::size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return text;
+  const std::size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
 }  // namespace
 
 void install_stop_signals() {
@@ -75,6 +85,10 @@ void request_stop() noexcept {
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, bool probe) {
   reduce->zero();
   if (bucketed) bucketed->begin();
+  const std::int64_t tried_before = largest_tried;
+  largest_tried = std::max(largest_tried, m);
+  const std::int64_t previous = last_tried;
+  last_tried = m;
   std::fill(control_values.begin(), control_values.end(), 0.0f);
   // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
   // micro-batch (it matters on a GPU).
@@ -182,8 +196,15 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     }
     phase = AttemptPhase::kNone;
   } catch (const std::exception& e) {
-    // Only an OOM is agreed on here; anything else is this rank's own failure (spmd_main aborts).
-    if (!watch.explains(e)) throw;
+    // Only an OOM is agreed on here, and a model's error on a micro-batch smaller than one this
+    // rank tried before an out-of-memory lowered it (a size the model does not accept, such as
+    // BatchNorm's one row): anything else is this rank's own failure (spmd_main aborts).
+    if (!watch.explains(e)) {
+      if (!(m > 0 && m < tried_before && result.oom_events > 0)) throw;
+      refusal = last_line(e.what());
+      refused_after = previous;
+      phase = AttemptPhase::kRefused;
+    }
     out_of_memory = true;
     local_loss = at::Tensor();
     local_weight = at::Tensor();
@@ -247,7 +268,32 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
   return outcome;  // otherwise the guard restores buffers and random state
 }
 
+void Trainer::State::fail_if_refused(const StepOutcome& outcome) {
+  const std::vector<int> refused = outcome.refused();
+  if (refused.empty()) return;
+  // The refusing ranks' own words, agreed in one more collective (every rank enters it: each
+  // read the same outcome); the lowest refusing rank's message is printed once.
+  std::string mine;
+  if (std::find(refused.begin(), refused.end(), rank) != refused.end()) {
+    const std::int64_t size = micro_batches->current(rank);
+    const std::string unit = documents() ? " tokens" : size == 1 ? " row" : " rows";
+    mine = "rank " + std::to_string(rank) + ": the model fails on a micro-batch of " +
+           std::to_string(size) + unit + " (out of memory at " + std::to_string(refused_after) +
+           ", limit " +
+           limit_text(options.memory_limits.empty() ? std::vector<int>{} : std::vector<int>{rank}) +
+           "): " + refusal +
+           "; it needs a larger micro-batch than the memory leaves room for: raise "
+           "--memory-limit, use more memory per rank or a smaller model";
+  }
+  const auto agreed = comm::agree_on_failure(comm, mine, static_cast<int>(ExitCode::kOutOfMemory));
+  const std::string message = agreed ? agreed->message : "a model error on a smaller micro-batch";
+  finish("failed", message);
+  if (agreed) comm::throw_collective(comm, *agreed);
+  throw CollectiveError(message, ExitCode::kOutOfMemory, 0);
+}
+
 void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
+  fail_if_refused(outcome);
   OomEvent event;
   event.step = step;
   event.ranks = outcome.out_of_memory;

@@ -82,6 +82,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
     const StepOutcome outcome =
         attempt(slab, size_of(probes[static_cast<std::size_t>(rank)]), /*probe=*/true);
     ++attempts;
+    fail_if_refused(outcome);
     if (outcome.abandoned || outcome.stop) {
       // A stop signal while probing: start without a prediction; the step loop stops.
       break;

@@ -227,6 +227,12 @@ struct Trainer::State {
   StepSplit split_of(std::int64_t global_step) const;
   StepOutcome attempt(const data::Batch& slab, std::int64_t m, bool probe = false);
   void after_out_of_memory(const StepOutcome& outcome);
+  // The model's own error on a micro-batch below one this rank tried before an out-of-memory
+  // lowered it (kRefused): what it said, and the sizes. Ends the run on every rank with one
+  // line and exit 3 when the agreed outcome names a refusing rank.
+  std::int64_t largest_tried = 0, last_tried = 0, refused_after = 0;
+  std::string refusal;
+  void fail_if_refused(const StepOutcome& outcome);
   void rebalance(const std::vector<std::int64_t>& step_shares,
                  const std::vector<double>& compute_seconds);
   void evaluate();

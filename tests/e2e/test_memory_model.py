@@ -217,6 +217,40 @@ class MemoryModel(TempDirTest):
         self.assertEqual(r.returncode, 1, r)
         self.assertEqual(um.error_lines(r), ["autoaccum: error: --dry-run trains nothing: drop --resume"])
 
+    def test_a_model_that_refuses_the_size_memory_forces_is_one_line_and_exit_3(self):
+        # BatchNorm1d cannot train on one row. Out-of-memory (injected above 1 row) halves
+        # 8 -> 4 -> 2 -> 1 and the model then raises its own error: every rank ends with one
+        # line naming the rank, the size, the size that ran out and the model's words, exit 3
+        # (it was a TorchScript traceback from each rank and Open MPI's abort, exit 2). Per-rank
+        # scope: only rank 1 goes down to 1 row, and it is named.
+        x, y = um.classification_data(64, (6,), 3, seed=3)
+        data = um.write_data(self.path("flat.h5"), x, y, classes=3)
+        model = um.save_scripted(um.LinearBn(), self.path("linear-bn.pt"))
+        for name, extra, who in (("global", ["--inject-oom", "rank=0,above=1"], "rank 0"),
+                                 ("rank", ["--inject-oom", "rank=1,above=1",
+                                           "--micro-batch-scope", "rank"], "rank 1")):
+            with self.subTest(scope=name):
+                log = self.path(f"refused-{name}.h5")
+                r = autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
+                              "--global-batch", 16, "--steps", 2, "--micro-batch-search",
+                              "halve", "--run-log", log, *extra, timeout=120)
+                self.assertEqual(r.returncode, 3, r)
+                errors = um.error_lines(r)
+                self.assertEqual(len(errors), 1, r)
+                self.assertIn(f"{who}: the model fails on a micro-batch of 1 row (out of memory "
+                              "at 2", errors[0])
+                self.assertIn("Expected more than 1 value per channel when training", errors[0])
+                self.assertIn("raise --memory-limit", errors[0])
+                self.assertNotIn("Traceback", r.stderr + r.stdout)
+                self.assertNotIn("MPI_ABORT", r.stderr + r.stdout)
+                with h5py.File(log, "r") as f:
+                    self.assertEqual(text(f.attrs["status"]), "failed")
+                    self.assertEqual(sorted(set(int(s) for s in f["oom/step"][:])), [0])
+        # A model error with no out-of-memory before it is the model's own failure, as before.
+        r = autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
+                      "--global-batch", 2, "--steps", 1, timeout=120)
+        self.assertNotIn(r.returncode, (0, 3), r)
+
     def test_halve_keeps_the_old_search(self):
         r, log, _ = self.train(2, "halve", "--global-batch", 256, "--steps", 2,
                                "--memory-limit", LIMIT, "--micro-batch-search", "halve")

@@ -10,7 +10,16 @@
 namespace autoaccum::train {
 
 // Where in an attempt a rank was when memory ran out.
-enum class AttemptPhase : int { kNone = 0, kForward = 1, kLoss = 2, kBackward = 3, kBuffers = 4 };
+// kRefused: not out of memory, but the model raised an error on a micro-batch smaller than one
+// this rank tried before an out-of-memory lowered it (BatchNorm on one row): the run ends there.
+enum class AttemptPhase : int {
+  kNone = 0,
+  kForward = 1,
+  kLoss = 2,
+  kBackward = 3,
+  kBuffers = 4,
+  kRefused = 5
+};
 const char* phase_name(AttemptPhase phase) noexcept;  // "forward", "backward", ...
 
 // A double carried exactly by float32 slots: three floats whose sum, taken in double, is the
@@ -88,6 +97,9 @@ struct StepOutcome {
   double weight = 0;       // how many items (rows, tokens, values) that was
   double loss = 0;  // the global batch's mean loss: loss_sum / weight (0 when nothing counted)
   bool succeeded() const noexcept { return out_of_memory.empty() && !abandoned; }
+  // Ranks whose model refused a smaller micro-batch (phase kRefused; also in out_of_memory, so
+  // the attempt fails like one that ran out).
+  std::vector<int> refused() const;
   std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
   // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in
   // forward, rank 1 in backward)".
