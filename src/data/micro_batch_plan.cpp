@@ -59,30 +59,27 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
   // of short documents under a large budget), the greedy cut (each piece as full as it fits,
   // also the fewest pieces) is used instead.
   std::vector<std::size_t> starts;
-  std::size_t runs = 0;
+  struct Best {
+    std::int64_t pieces, padded;
+    std::size_t from;
+  };
+  constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
   constexpr std::size_t kMostRuns = std::size_t{1} << 24;
-  for (std::size_t i = 1; i <= n && runs <= kMostRuns; ++i)
-    for (std::size_t j = i; j-- > 0 && fits_run(j, i);)
-      ++runs;
+  std::vector<Best> best(n + 1, Best{kNone, kNone, 0});
+  best[0] = Best{0, 0, 0};
+  std::size_t runs = 0;
+  for (std::size_t i = 1; i <= n && runs <= kMostRuns; ++i) {
+    for (std::size_t j = i; j-- > 0 && fits_run(j, i); ++runs) {
+      const Best& before = best[j];
+      const std::int64_t pieces = before.pieces + 1;
+      const std::int64_t padded = before.padded + static_cast<std::int64_t>(i - j) * sorted[j];
+      Best& here = best[i];
+      // j falls: on a tie the first candidate (the latest start, the smallest last piece) stays.
+      if (pieces < here.pieces || (pieces == here.pieces && padded < here.padded))
+        here = Best{pieces, padded, j};
+    }
+  }
   if (runs <= kMostRuns) {
-    struct Best {
-      std::int64_t pieces, padded;
-      std::size_t from;
-    };
-    constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
-    std::vector<Best> best(n + 1, Best{kNone, kNone, 0});
-    best[0] = Best{0, 0, 0};
-    for (std::size_t i = 1; i <= n; ++i)
-      for (std::size_t j = i; j-- > 0 && fits_run(j, i);) {
-        const Best& before = best[j];
-        const std::int64_t pieces = before.pieces + 1;
-        const std::int64_t padded = before.padded + static_cast<std::int64_t>(i - j) * sorted[j];
-        Best& here = best[i];
-        // j falls: on a tie the first candidate (the latest start, the smallest last piece)
-        // stays.
-        if (pieces < here.pieces || (pieces == here.pieces && padded < here.padded))
-          here = Best{pieces, padded, j};
-      }
     for (std::size_t i = n; i > 0; i = best[i].from)
       starts.push_back(best[i].from);
     std::reverse(starts.begin(), starts.end());
