@@ -1,11 +1,13 @@
-// Trainer's memory concern: every rank's limit, the memory models fed by every attempt, and the
-// probe that predicts the first micro-batch (--micro-batch-search predict; docs/design.md).
+// Trainer's memory concern: every rank's limit, the memory models fed by every attempt, the
+// probe that predicts the first micro-batch (--micro-batch-search predict; docs/design.md), and
+// what the ranks do after an agreed out-of-memory (lower the sizes, or end the run in one line).
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
+#include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/memory_model.hpp"
@@ -13,6 +15,19 @@
 #include "trainer_state.hpp"
 
 namespace autoaccum::train {
+namespace {
+
+// The last non-empty line of an error: what a TorchScript traceback ends with (the model's own
+// words, e.g. "builtins.ValueError: Expected more than 1 value per channel ...").
+std::string last_line(const std::string& text) {
+  std::size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return text;
+  const std::size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
+}  // namespace
 
 MicroBatchShape piece_shape(const data::MicroBatchPiece& piece) {
   const auto units = static_cast<double>(piece.size());
@@ -291,6 +306,84 @@ void Trainer::State::report_dry_run() {
               << micro_batches->accumulation(0, size_cap) << " on rank 0)";
     say(plan_line.str());
   }
+}
+
+// Out of memory, agreed: every rank lowers the sizes the outcome names, or the run ends.
+void Trainer::State::fail_if_refused(const StepOutcome& outcome) {
+  const std::vector<int> refused = outcome.refused();
+  if (refused.empty()) return;
+  // The refusing ranks' own words, agreed in one more collective (every rank enters it: each
+  // read the same outcome); the lowest refusing rank's message is printed once.
+  std::string mine;
+  if (std::find(refused.begin(), refused.end(), rank) != refused.end()) {
+    const std::int64_t size = micro_batches->current(rank);
+    const std::string unit = documents() ? " tokens" : size == 1 ? " row" : " rows";
+    mine = "rank " + std::to_string(rank) + ": the model fails on a micro-batch of " +
+           std::to_string(size) + unit + " (out of memory at " + std::to_string(refused_after) +
+           ", limit " +
+           limit_text(options.memory_limits.empty() ? std::vector<int>{} : std::vector<int>{rank}) +
+           "): " + last_line(refusal) +
+           "; it needs a larger micro-batch than the memory leaves room for: raise "
+           "--memory-limit, use more memory per rank or a smaller model";
+  }
+  const auto agreed = comm::agree_on_failure(comm, mine, static_cast<int>(ExitCode::kOutOfMemory));
+  const std::string message = agreed ? agreed->message : "a model error on a smaller micro-batch";
+  finish("failed", message);
+  if (agreed) comm::throw_collective(comm, *agreed);
+  throw CollectiveError(message, ExitCode::kOutOfMemory, 0);
+}
+
+void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
+  fail_if_refused(outcome);
+  OomEvent event;
+  event.step = step;
+  event.ranks = outcome.out_of_memory;
+  event.ranks_text = outcome.ranks_text();
+  event.where_text = outcome.phases_text();
+  for (int r : event.ranks) {
+    event.micro_batches.push_back(micro_batches->current(r));
+    event.probe = event.probe || micro_batches->probing(r);
+  }
+  const bool can_shrink = micro_batches->after_oom(event.ranks);
+  if (can_shrink) {
+    for (int r : event.ranks)
+      event.next.push_back(micro_batches->current(r));
+  }
+  event.per_rank = micro_batches->per_rank();
+  event.tokens = documents();
+  event.world = world;
+  event.limit_text = limit_text(options.memory_limits.empty() ? std::vector<int>{} : event.ranks);
+  result.oom_events += static_cast<std::int64_t>(event.ranks.size());
+  notify([&](StepObserver& o) { o.on_oom(event); });
+  if (!can_shrink) {
+    std::int64_t worst_peak = 0;
+    for (int r : event.ranks)
+      worst_peak = std::max(worst_peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
+    std::ostringstream message;
+    message << event.ranks_text << " ran out of memory at "
+            << (documents() ? "token budget " : "micro-batch ") << sizes_text(event.micro_batches)
+            << event.where_text << " (limit " << event.limit_text << ", peak "
+            << memory::format_bytes(worst_peak) << ") at step " << step << ": ";
+    if (micro_batches->automatic() && documents()) {
+      const auto& lengths = reader->schema().lengths;
+      const auto longest = std::max_element(lengths.begin(), lengths.end());
+      message << "the longest document (" << (longest - lengths.begin()) << ", " << *longest
+              << " tokens) does not fit even alone; split long documents (autoaccum import text "
+                 "--documents --max-length N), raise --memory-limit or use a smaller model";
+    } else if (micro_batches->automatic()) {
+      message << "the model does not fit even at micro-batch 1; raise --memory-limit, use more "
+                 "ranks or a smaller model";
+    } else if (documents()) {
+      message << "--micro-batch-tokens " << event.micro_batches.front()
+              << " is fixed; use --micro-batch-tokens auto to let autoaccum find a budget that "
+                 "fits";
+    } else {
+      message << "--micro-batch " << event.micro_batches.front()
+              << " is fixed; use --micro-batch auto to let autoaccum find a size that fits";
+    }
+    fail_run(message.str(), ExitCode::kOutOfMemory);
+  }
+  memory::release_cached_memory();
 }
 
 }  // namespace autoaccum::train

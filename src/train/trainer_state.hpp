@@ -229,7 +229,8 @@ struct Trainer::State {
   void after_out_of_memory(const StepOutcome& outcome);
   // The model's own error on a micro-batch below one this rank tried before an out-of-memory
   // lowered it (kRefused): what it said, and the sizes. Ends the run on every rank with one
-  // line and exit 3 when the agreed outcome names a refusing rank.
+  // line and exit 3 when the agreed outcome names a refusing rank (trainer_memory.cpp, with
+  // after_out_of_memory). `refusal`: the model's whole error; its last line is printed.
   std::int64_t largest_tried = 0, last_tried = 0, refused_after = 0;
   std::string refusal;
   void fail_if_refused(const StepOutcome& outcome);
