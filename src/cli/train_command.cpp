@@ -101,6 +101,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     throw UsageError("--micro-batch-search: '" + search + "' is not one of predict, halve, refine");
   o.predict_micro_batch = search == "predict";
   o.refine_micro_batch = search == "refine";
+  const std::string token_cost = vm["token-cost"].as<std::string>();
+  if (token_cost != "flat" && token_cost != "memory")
+    throw UsageError("--token-cost: '" + token_cost + "' is not one of flat, memory");
+  o.token_cost_by_memory = token_cost == "memory";
   if (vm.count("micro-batch-regrow")) {
     o.micro_batch_regrow = vm["micro-batch-regrow"].as<std::int64_t>();
     if (o.micro_batch_regrow < 0)
@@ -269,6 +273,10 @@ Command train_command() {
       "largest its memory model says fits (halving, then bisecting upwards, if one runs out); "
       "halve: start at the whole share and halve after each OOM; refine: halve, then bisect "
       "upwards on later steps");
+  add("token-cost", po::value<std::string>()->default_value("flat")->value_name("flat|memory"),
+      "document data, automatic budget: flat counts every padded token alike; memory lets a "
+      "micro-batch of shorter documents take more tokens, as many as fit in the memory the "
+      "budget takes at the longest width (fewer micro-batches, more padding)");
   add("micro-batch-regrow", po::value<std::int64_t>()->value_name("N"),
       "after an out-of-memory lowered an automatic micro-batch, try the size before once more "
       "after N clean steps (a transient peak), at the cost of at most one more out-of-memory; "

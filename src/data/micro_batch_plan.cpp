@@ -109,6 +109,18 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
   return plan;
 }
 
+std::optional<std::size_t> narrow_piece(const MicroBatchPlan& plan, std::int64_t budget) {
+  if (plan.pieces.empty() || plan.pieces.front().width <= 0) return std::nullopt;  // rows
+  const std::int64_t widest = plan.pieces.front().width;
+  std::optional<std::size_t> narrowest;
+  for (std::size_t p = 0; p < plan.pieces.size(); ++p) {
+    const MicroBatchPiece& piece = plan.pieces[p];
+    if (2 * piece.size() < budget || 4 * piece.width > 3 * widest) continue;
+    if (!narrowest || piece.width < plan.pieces[*narrowest].width) narrowest = p;
+  }
+  return narrowest;
+}
+
 MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost) {
   const Documents* documents = slab.documents();
   if (!documents) return plan_rows(slab.rows(), size);

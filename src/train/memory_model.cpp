@@ -104,6 +104,11 @@ std::optional<MemoryFit> MemoryModel::fit() const {
       fit.per_unit = a;
       fit.per_square = b;
       both = true;
+    } else if (sqp > 0 && sqp * sqp / sqq > std::max(sup, 0.0) * sup / suu) {
+      // One slope, the one that explains more: here width^2 alone. (Tokens alone would give a
+      // narrow and a wide token one cost, wrong at the widest width, where budgets are set.)
+      fit.per_square = sqp / sqq;
+      both = true;
     }
   }
   if (!both) fit.per_unit = sup / suu;

@@ -70,9 +70,9 @@ void request_stop() noexcept {
 // One attempt at the current batch with micro-batch m. Every rank returns the same outcome: it
 // comes from the reduced buffer. A failed attempt leaves buffers and random state as they were.
 //
-// A probe (probe_memory) runs only the first micro-batch of size m (none when m is 0) and always
-// rolls back: it measures memory and changes nothing.
-StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, bool probe) {
+// A probe (probe_memory) runs only one micro-batch of size m (none when m is 0) and always rolls
+// back: it measures memory and changes nothing.
+StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe) {
   reduce->zero();
   if (bucketed) bucketed->begin();
   const std::int64_t tried_before = largest_tried;
@@ -102,7 +102,12 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     // Which rows go together: slices of m rows, or documents under a budget of m tokens.
     data::MicroBatchPlan cut;
     if (m > 0) cut = data::plan_micro_batches(slab, m, width_cost(rank));
-    if (probe && cut.pieces.size() > 1) cut.pieces.resize(1);
+    if (probe != ProbePiece::kNone && !cut.pieces.empty()) {
+      std::optional<std::size_t> keep = std::size_t{0};
+      if (probe == ProbePiece::kNarrowPiece) keep = data::narrow_piece(cut, m);
+      if (keep && *keep > 0) cut.pieces.front() = std::move(cut.pieces[*keep]);
+      cut.pieces.resize(keep ? 1 : 0);
+    }
     for (const data::MicroBatchPiece& piece : cut.pieces) {
       // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
       // scheduler's grace time; the ranks agree at the collective below to drop the step.
@@ -248,7 +253,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, boo
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
   }
   learn_memory(outcome);
-  if (outcome.succeeded() && !probe) {
+  if (outcome.succeeded() && probe == ProbePiece::kNone) {
     // The mean over what the global batch counted, and the loss scale undone, in one pass.
     const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();
     if (divisor != 1.0) reduce->view(gradient_region).mul_(1.0 / divisor);

@@ -302,7 +302,7 @@ void Trainer::State::restore(const io::Checkpoint& c) {
     for (std::size_t r = 0; r < memory_models.size(); ++r) {
       const auto& m = c.memory_models[r];
       memory_models[r] = MemoryModel::from_record({m.points, m.failed_units, m.base});
-      if (documents() && !fixed_size && m.width_ratio > 0)
+      if (documents() && !fixed_size && options.token_cost_by_memory && m.width_ratio > 0)
         width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
     }
   }

@@ -178,6 +178,10 @@ void Trainer::State::open_data() {
         throw UsageError("--micro-batch-tokens: --data '" + reader->paths().front() +
                          "' holds rows, not documents; use --micro-batch");
       }
+      if (o.token_cost_by_memory) {
+        throw UsageError("--token-cost memory: --data '" + reader->paths().front() +
+                         "' holds rows, not documents: every row has the same width");
+      }
       size_cap = plan->max_rank_rows();
       fixed_size = o.micro_batch;
       make_micro_batches({});
@@ -207,6 +211,11 @@ void Trainer::State::choose_token_budgets() {
   }
   const auto& lengths = schema.lengths;
   const auto longest = std::max_element(lengths.begin(), lengths.end()) - lengths.begin();
+  if (o.micro_batch_tokens && o.token_cost_by_memory) {
+    throw UsageError("--token-cost memory spends an automatic budget; --micro-batch-tokens " +
+                     std::to_string(*o.micro_batch_tokens) +
+                     " is fixed: use --micro-batch-tokens auto, or --token-cost flat");
+  }
   if (o.micro_batch_tokens && *o.micro_batch_tokens < schema.max_length) {
     throw UsageError("--micro-batch-tokens " + std::to_string(*o.micro_batch_tokens) +
                      " cannot hold document " + std::to_string(longest) + " of " + data + " (" +

@@ -66,8 +66,11 @@ void Trainer::State::learn_memory(const StepOutcome& outcome) {
 // (each the first micro-batch of the rank's share of the first batch at that size, rolled back),
 // then every rank starts at the largest size its memory model predicts to fit. A size that runs
 // out while probing halves the probe; a second size that does not fit bounds the prediction and
-// the probe takes a smaller second point instead. Every decision comes from the agreed outcomes:
-// the same on every rank, with no collective besides each attempt's own.
+// the probe takes a smaller second point instead. Documents under --token-cost memory take a
+// third point: the largest budget that fitted, spent on the share's shorter documents
+// (data::narrow_piece), so that the model tells a wide token's cost from a narrow one's
+// (data::WidthCost); a share of documents alike in length has none. Every decision comes from the
+// agreed outcomes: the same on every rank, with no collective besides each attempt's own.
 void Trainer::State::probe_memory(const data::Batch& slab) {
   if (!predict_pending) return;
   predict_pending = false;
@@ -77,9 +80,12 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   const std::int64_t low = documents() ? size_floor : std::min<std::int64_t>(2, size_cap);
   struct Probe {
     std::int64_t small = 0, large = 0;
-    int stage = 0;  // 0: small untried, 1: large untried, 2: the smaller second point, 3: done
+    // 0: small untried, 1: large untried, 2: the smaller second point, 3: done, 4: documents'
+    // narrow point untried (after the others)
+    int stage = 0;
     std::int64_t failed = 0;  // the smallest probe size that ran out
     std::int64_t fitted = 0;  // the largest probe size that fitted
+    int sizes_fitted = 0;     // how many probe sizes fitted
   };
   // The first size: small enough to fit in the usual case (rows: a sixteenth of the share;
   // documents: the longest document alone, the budget's floor).
@@ -87,15 +93,32 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   for (auto& p : probes)
     p.small = documents() ? low : std::max(low, size_cap / 16);
   const auto size_of = [](const Probe& p) {
-    return p.stage == 0 ? p.small : p.stage == 1 ? p.large : p.stage == 2 ? p.small / 2 : 0;
+    switch (p.stage) {
+      case 0:
+        return p.small;
+      case 1:
+        return p.large;
+      case 2:
+        return p.small / 2;
+      case 4:
+        return p.fitted;
+      default:
+        return std::int64_t{0};
+    }
   };
+  // The sizes are measured: with --token-cost memory, documents then take the narrow point, at
+  // the largest budget that fitted, once two budgets fitted (a slope per token at the longest
+  // width to tell the narrow point's from; one wide point and a narrow one fit nothing).
+  const bool narrow = documents() && options.token_cost_by_memory;
+  const auto sizes_done = [&](Probe& p) { p.stage = narrow && p.sizes_fitted >= 2 ? 4 : 3; };
   std::int64_t attempts = 0;
   std::vector<int> nothing_fits;  // ranks whose smallest probe ran out
   for (;;) {
     if (std::all_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage == 3; }))
       break;
-    const StepOutcome outcome =
-        attempt(slab, size_of(probes[static_cast<std::size_t>(rank)]), /*probe=*/true);
+    const Probe& mine = probes[static_cast<std::size_t>(rank)];
+    const StepOutcome outcome = attempt(
+        slab, size_of(mine), mine.stage == 4 ? ProbePiece::kNarrowPiece : ProbePiece::kFirstPiece);
     ++attempts;
     fail_if_refused(outcome);
     if (outcome.abandoned || outcome.stop) {
@@ -106,11 +129,19 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
       const auto i = static_cast<std::size_t>(r);
       Probe& p = probes[i];
       if (p.stage == 3) continue;
+      if (p.stage == 4) {
+        // A shape, not a size: the memory model has it (or its out-of-memory) either way.
+        p.stage = 3;
+        continue;
+      }
       const std::int64_t tried = size_of(p);
       const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
                                      r) != outcome.out_of_memory.end();
       if (ran_out) p.failed = p.failed > 0 ? std::min(p.failed, tried) : tried;
-      if (!ran_out) p.fitted = std::max(p.fitted, tried);
+      if (!ran_out) {
+        p.fitted = std::max(p.fitted, tried);
+        ++p.sizes_fitted;
+      }
       if (p.stage == 0 && ran_out) {
         if (p.small <= low) {
           nothing_fits.push_back(r);
@@ -130,7 +161,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
                 : 0.0;
         const double room = static_cast<double>(rank_limits[i] - outcome.base_bytes[i]);
         if ((!documents() && measured < static_cast<double>(tried)) || rank_limits[i] <= 0) {
-          p.stage = 3;
+          p.stage = 3;  // nothing to predict: no narrow point either
         } else {
           const auto half_of_fill =
               per_unit > 0 ? static_cast<std::int64_t>(0.5 * room / per_unit) : 2 * p.small;
@@ -144,14 +175,17 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
           } else if (p.small / 2 >= low && p.small / 2 < p.small) {
             p.stage = 2;  // the first size is already near the limit: a second one below it
           } else {
-            p.stage = 3;
+            sizes_done(p);
           }
         }
       } else if (p.stage == 1) {
         // A second point below the first when the larger one did not fit.
-        p.stage = ran_out && p.small / 2 >= low && p.small / 2 < p.small ? 2 : 3;
+        if (ran_out && p.small / 2 >= low && p.small / 2 < p.small)
+          p.stage = 2;
+        else
+          sizes_done(p);
       } else {
-        p.stage = 3;
+        sizes_done(p);
       }
     }
     if (!nothing_fits.empty()) {
@@ -221,9 +255,10 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   micro_batches->start_at(sizes, failed);
   for (auto& line : event.ranks)
     line.used = micro_batches->current(line.rank);
-  if (documents() && !fixed_size) {
-    // The budgets were predicted at the longest document's width: a piece of narrower
-    // documents may take more tokens for the same predicted peak (data::WidthCost).
+  if (narrow && !fixed_size) {
+    // The budgets were predicted at the longest document's width: with --token-cost memory, a
+    // piece of narrower documents may take more tokens for the same predicted peak
+    // (data::WidthCost).
     width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
     for (int r = 0; r < world; ++r) {
       const auto fit = memory_models[static_cast<std::size_t>(r)].fit();

@@ -501,7 +501,10 @@ void Trainer::State::announce() {
            << (micro_batches->automatic() ? "auto" : "fixed")
            << (micro_batches->per_rank() ? " per rank" : "")
            << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
-           << " padded tokens (documents x longest)";
+           << " padded tokens (documents x longest)"
+           << (options.token_cost_by_memory
+                   ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
+                   : "");
   } else {
     banner << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
            << plan->batches_per_epoch() << " batches per epoch), " << total_steps

@@ -225,7 +225,12 @@ struct Trainer::State {
     std::vector<std::int64_t> lengths(const Trainer::State& s, int r) const;
   };
   StepSplit split_of(std::int64_t global_step) const;
-  StepOutcome attempt(const data::Batch& slab, std::int64_t m, bool probe = false);
+  // A probe (probe_memory) runs one micro-batch of the attempt's plan, and always rolls back:
+  // the first (rows, or the widest documents), or documents at a narrow width (data::narrow_piece;
+  // nothing when the share has none).
+  enum class ProbePiece { kNone, kFirstPiece, kNarrowPiece };
+  StepOutcome attempt(const data::Batch& slab, std::int64_t m,
+                      ProbePiece probe = ProbePiece::kNone);
   void after_out_of_memory(const StepOutcome& outcome);
   // The model's own error on a micro-batch below one this rank tried before an out-of-memory
   // lowered it (kRefused): what it said, and the sizes. Ends the run on every rank with one

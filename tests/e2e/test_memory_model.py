@@ -5,6 +5,7 @@ log records); per-rank limits predict per-rank sizes; a prediction that does not
 to halving on every rank; a limit that nothing fits under ends with exit 3 and one line."""
 import os
 import re
+import subprocess
 import unittest
 
 import h5py
@@ -392,6 +393,69 @@ class TokenBudgets(TempDirTest):
         p, q = um.checkpoint_tensors(whole)[0], um.checkpoint_tensors(cut)[0]
         for name in p:
             np.testing.assert_array_equal(p[name], q[name], err_msg=name)
+
+
+    @unittest.skipUnless(os.path.isdir("/usr/share/games/fortunes"),
+                         "Debian's fortunes package is not installed")
+    def test_token_cost_memory_gives_short_documents_more_tokens_and_equals_pytorch(self):
+        # An attention-heavy GPT (8 heads of width 4: the scores, rows x heads x width^2, are
+        # most of a long document's memory) on every fortune up to 256 bytes (lengths 1-256,
+        # median 110). With --token-cost memory the probe adds a micro-batch of shorter
+        # documents, the memory model fits bytes per rows x width^2, and a piece of short
+        # documents takes more padded tokens than the budget: fewer micro-batches than the same
+        # budget counted flat, no out-of-memory, and the same parameters as PyTorch.
+        import test_documents as td
+        data = self.path("docs")
+        r = autoaccum(1, "import", "text", "--documents", "fortune", "--max-length", 256,
+                      "--out", data, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(f"{data}/text-docs-train.h5", "r") as f:
+            tokens, offsets = f["tokens"][:].astype(np.int64), f["offsets"][:]
+        docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        model = self.path("gpt.pt")
+        subprocess.run(["/usr/bin/python3", os.path.join(td.ROOT, "jobs/models/gpt.py"), "--out",
+                        model, "--context", "256", "--width", "32", "--layers", "2", "--heads",
+                        "8", "--dropout", "0"], check=True, capture_output=True)
+        initial = {n: p.detach().numpy().copy()
+                   for n, p in torch.jit.load(model).named_parameters()}
+        steps, batch = 4, 64
+
+        def train(name, *args):
+            log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+            r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file",
+                          model, "--global-batch", batch, "--steps", steps, "--shuffle", "none",
+                          "--lr", 0.1, "--momentum", 0, "--threads", 1, "--memory-limit",
+                          "24MiB", "--run-log", log, "--checkpoint", checkpoint, *args,
+                          timeout=240)
+            self.assertEqual(r.returncode, 0, r)
+            with h5py.File(log, "r") as f:
+                self.assertEqual(len(f["oom/step"]), 0, r.stdout)
+                steps_of = {k: f["steps"][k][:] for k in ("micro_batch", "accumulation")}
+                per_square = f["memory_model/bytes_per_square"][:]
+            return r, steps_of, per_square, checkpoint
+
+        r, memory, per_square, checkpoint = train("memory", "--token-cost", "memory")
+        self.assertIn("spent by memory", r.stdout)
+        self.assertIn("probed with 3 attempts", r.stdout)
+        self.assertTrue(all(per_square > 0), per_square)
+        with h5py.File(checkpoint, "r") as f:
+            self.assertTrue(all(f["memory_model/ranks"][:, 2] > 0))  # the width-cost ratio
+        budget = int(memory["micro_batch"][0])
+        self.assertTrue(all(memory["micro_batch"] == budget))
+        # The same budget counted flat (fixed, as --token-cost flat spends it).
+        _, flat, _, _ = train("flat", "--micro-batch-tokens", budget)
+        self.assertLess(int(memory["accumulation"].sum()), int(flat["accumulation"].sum()))
+        ref = td.reference(model, docs, batch, steps, 0.1)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, ref, initial), td.EXACT)
+        # Refused where it cannot apply: a fixed budget.
+        r = autoaccum(1, "train", "--data", f"{data}/text-docs-train.h5", "--model-file", model,
+                      "--steps", 1, "--micro-batch-tokens", 1024, "--token-cost", "memory")
+        self.assertEqual(r.returncode, 1, r)
+        errors = um.error_lines(r)
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("--token-cost memory", errors[0])
+        self.assertIn("--micro-batch-tokens 1024 is fixed", errors[0])
 
 
 if __name__ == "__main__":

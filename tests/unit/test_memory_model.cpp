@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 
 #include "autoaccum/train/memory_model.hpp"
 
@@ -136,6 +137,30 @@ TEST(MemoryModel, SameWidthEverywhereFallsBackToTokensAlone) {
   ASSERT_TRUE(fit);
   EXPECT_NEAR(fit->per_unit, 500, 1e-6);
   EXPECT_EQ(fit->per_square, 0.0);
+}
+
+TEST(MemoryModel, WidthSquaredAloneWhenTheTokenSlopeComesOutNegative) {
+  // Attention-bound memory: peak = fixed + b x rows x width^2, measured at two micro-batches of
+  // width 256 and one of width 32 (the probe's narrow point) whose peak reads 20 kB low. Both
+  // slopes would put tokens below zero; tokens alone would charge 1,104 B a token where a token
+  // at width 256 takes 768 B. Width^2 alone explains more, and predicts at width 256.
+  const double fixed = 1e6, b = 3.0;
+  const auto truth = [&](double rows, double width) { return fixed + b * rows * width * width; };
+  MemoryModel model;
+  for (const auto& [rows, width, noise] :
+       {std::tuple{4.0, 256.0, 0.0}, std::tuple{8.0, 256.0, 0.0}, std::tuple{32.0, 32.0, -2e4}})
+    model.observe({rows * width, rows * width * width}, std::llround(truth(rows, width) + noise));
+  const auto fit = model.fit();
+  ASSERT_TRUE(fit);
+  EXPECT_EQ(fit->per_unit, 0.0);
+  EXPECT_NEAR(fit->per_square, b, 0.02 * b);
+  const double limit = 6e6;
+  const auto at_width = [&](double u) { return truth(u / 256.0, 256.0); };
+  const std::int64_t scan = largest_by_scan(at_width, limit, 1 << 16);
+  const std::int64_t predicted =
+      *model.largest(static_cast<std::int64_t>(limit), 0.0, 1 << 16, 256);
+  EXPECT_LE(at_width(static_cast<double>(predicted)), limit);
+  EXPECT_GE(static_cast<double>(predicted), 0.97 * static_cast<double>(scan));
 }
 
 TEST(MemoryModel, OnePointPerShapeAtItsHighestPeakAndABoundedHistory) {

@@ -179,6 +179,35 @@ TEST(PlanDocuments, AWidthCostLetsNarrowPiecesTakeMoreTokensForTheSameCost) {
     EXPECT_EQ(zero.pieces[i].documents, plain.pieces[i].documents);
 }
 
+TEST(NarrowPiece, TheNarrowestPieceOfHalfTheBudgetOrNoneWhenTheWidthsAreAlike) {
+  // Budget 1024: 4 x 256 | 16 x 64 | 32 x 32 | 6 x 16 (the last holds under half the budget).
+  std::vector<std::int64_t> lengths(4, 256);
+  lengths.insert(lengths.end(), 16, 64);
+  lengths.insert(lengths.end(), 32, 32);
+  lengths.insert(lengths.end(), 6, 16);
+  const auto plan = plan_documents(lengths, 1024);
+  ASSERT_EQ(plan.pieces.size(), 4u);
+  ASSERT_EQ(plan.pieces[2].width, 32);
+  ASSERT_EQ(plan.pieces[3].width, 16);
+  EXPECT_EQ(narrow_piece(plan, 1024), std::optional<std::size_t>(2));
+  // A budget the narrow pieces hold under half of: none of them is measured.
+  EXPECT_EQ(narrow_piece(plan, 4096), std::nullopt);
+  // Documents within 3/4 of the longest: nothing to tell widths apart by.
+  const auto alike = plan_documents(std::vector<std::int64_t>(40, 100), 1000);
+  EXPECT_EQ(narrow_piece(alike, 1000), std::nullopt);
+  std::vector<std::int64_t> near(10, 100);
+  near.insert(near.end(), 20, 76);
+  EXPECT_EQ(narrow_piece(plan_documents(near, 1000), 1000), std::nullopt);
+  near.insert(near.end(), 20, 75);
+  const auto with_75 = plan_documents(near, 1000);
+  const auto chosen = narrow_piece(with_75, 1000);
+  ASSERT_TRUE(chosen.has_value());
+  EXPECT_EQ(with_75.pieces[*chosen].width, 75);
+  // Rows have no width.
+  EXPECT_EQ(narrow_piece(plan_rows(64, 16), 16), std::nullopt);
+  EXPECT_EQ(narrow_piece(MicroBatchPlan{}, 16), std::nullopt);
+}
+
 TEST(TokenBalancedOffsets, ContiguousNonEmptyAndNearEqual) {
   for (std::uint32_t seed = 0; seed < 30; ++seed) {
     const auto lengths = random_lengths(4 + seed, seed + 100);

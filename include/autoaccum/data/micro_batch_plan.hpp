@@ -5,7 +5,9 @@
 // without knowing which kind it is.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "autoaccum/data/batch.hpp"
@@ -52,6 +54,12 @@ MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size);
 // is that greedy cut itself.
 MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
                               WidthCost cost = {});
+
+// The piece a memory probe measures at a narrow width, so that a memory model can tell a wide
+// token's cost from a narrow one's (WidthCost): of the pieces holding at least half the budget's
+// padded tokens, the narrowest, if its width is at most 3/4 of the first (widest) piece's; none
+// when the documents are too alike in length to tell (or the plan is rows, or empty).
+std::optional<std::size_t> narrow_piece(const MicroBatchPlan& plan, std::int64_t budget);
 
 // The plan for a slab read by SlabReader: rows, or its documents' lengths; `size` is rows or a
 // token budget (`cost`: documents only).

@@ -42,6 +42,10 @@ struct TrainOptions {
   std::optional<std::int64_t> micro_batch_tokens;
   bool micro_batch_tokens_given = false;
   bool refine_micro_batch = false;  // --micro-batch-search refine (and predict, after a miss)
+  // Document data, automatic budgets: --token-cost memory spends a budget by the memory model's
+  // cost of a token at each width (data::WidthCost; a third probe point of shorter documents
+  // measures it); false (flat, the default): every padded token counts alike.
+  bool token_cost_by_memory = false;
   // --micro-batch-search predict (the default): probe memory before the first step and start at
   // the largest size the memory model predicts to fit (train/memory_model.hpp).
   bool predict_micro_batch = true;
