@@ -36,6 +36,9 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
   write_exact(report.peak_shape.units, control + layout.shape_units(rank));
   write_exact(report.peak_shape.square, control + layout.shape_square(rank));
   write_exact(static_cast<double>(report.base_bytes), control + layout.base_bytes(rank));
+  control[layout.pieces(rank)] = static_cast<float>(report.pieces);
+  write_exact(static_cast<double>(report.tokens), control + layout.tokens(rank));
+  write_exact(static_cast<double>(report.padded_tokens), control + layout.padded_tokens(rank));
   control[layout.stop()] = report.stop_requested ? 1.0f : 0.0f;
   control[layout.abandoned()] = report.abandoned ? 1.0f : 0.0f;
 }
@@ -77,6 +80,9 @@ StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced) {
     outcome.phases.push_back(
         static_cast<AttemptPhase>(static_cast<int>(reduced[layout.phase(r)] + 0.5f)));
     outcome.compute_seconds.push_back(static_cast<double>(reduced[layout.compute_seconds(r)]));
+    outcome.pieces.push_back(std::llround(reduced[layout.pieces(r)]));
+    outcome.tokens.push_back(std::llround(read_exact(reduced + layout.tokens(r))));
+    outcome.padded_tokens.push_back(std::llround(read_exact(reduced + layout.padded_tokens(r))));
     // In rank order, in double: the same sum on every rank, exact for counts below 2^53.
     outcome.loss_sum += read_exact(reduced + layout.loss(r));
     outcome.weight += read_exact(reduced + layout.weight(r));

@@ -95,6 +95,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   // peak measured alone), or the one that ran out.
   std::int64_t attempt_peak = 0;
   MicroBatchShape peak_shape, shape;
+  RankReport report;  // its plan's figures now; the outcome's after the micro-batches
   try {
     guard.emplace(*model_state);
     // Lower precision: each weight cast once for all the attempt's micro-batches.
@@ -102,6 +103,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     // Which rows go together: slices of m rows, or documents under a budget of m tokens.
     data::MicroBatchPlan cut;
     if (m > 0) cut = data::plan_micro_batches(slab, m, width_cost(rank));
+    report.pieces = static_cast<std::int64_t>(cut.pieces.size());
+    report.tokens = cut.tokens;
+    report.padded_tokens = cut.padded_tokens;
     if (probe != ProbePiece::kNone && !cut.pieces.empty()) {
       std::optional<std::size_t> keep = std::size_t{0};
       if (probe == ProbePiece::kNarrowPiece) keep = data::narrow_piece(cut, m);
@@ -208,12 +212,12 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   // --balance splits by the time each rank computed: on a GPU, the kernels' time, not their
   // launches' (one wait per step, only when balancing).
   if (context.use_cuda && options.balance && !out_of_memory) memory::synchronize_device();
-  RankReport report{out_of_memory,
-                    out_of_memory ? phase : AttemptPhase::kNone,
-                    std::max(attempt_peak, memory::peak_bytes()),
-                    stop_requested(),
-                    abandoned,
-                    seconds_since(compute_start)};
+  report.out_of_memory = out_of_memory;
+  report.phase = out_of_memory ? phase : AttemptPhase::kNone;
+  report.peak_bytes = std::max(attempt_peak, memory::peak_bytes());
+  report.stop_requested = stop_requested();
+  report.abandoned = abandoned;
+  report.compute_seconds = seconds_since(compute_start);
   report.peak_shape = peak_shape;
   report.base_bytes = base_bytes;
   write_report(control, rank, report, control_values.data());
@@ -446,17 +450,16 @@ TrainResult Trainer::run_steps() {
     }
     const Trainer::State::StepSplit split = s.split_of(s.step);
     const std::vector<std::int64_t>& step_shares = split.rows;
-    // Document data: every rank's plan at the budgets that succeeded, for the run log.
+    // Document data: every rank's plan as it reported it in the attempt that succeeded.
     std::int64_t step_tokens = 0, step_padded = 0, rank0_pieces = 0;
     std::vector<std::int64_t> rank_pieces;
-    if (s.documents() && s.root) {
+    if (s.documents()) {
       for (int r = 0; r < s.world; ++r) {
-        const data::MicroBatchPlan cut =
-            data::plan_documents(split.lengths(s, r), s.micro_batches->current(r), s.width_cost(r));
-        step_tokens += cut.tokens;
-        step_padded += cut.padded_tokens;
-        rank_pieces.push_back(static_cast<std::int64_t>(cut.pieces.size()));
+        const auto i = static_cast<std::size_t>(r);
+        step_tokens += outcome.tokens[i];
+        step_padded += outcome.padded_tokens[i];
       }
+      rank_pieces = outcome.pieces;
       rank0_pieces = rank_pieces.front();
     }
     ++s.step;

@@ -61,12 +61,6 @@ Trainer::State::StepSplit Trainer::State::split_of(std::int64_t global_step) con
   return split;
 }
 
-std::vector<std::int64_t> Trainer::State::StepSplit::lengths(const Trainer::State& s, int r) const {
-  const auto first = s.reader->schema().lengths.begin() + batch.begin;
-  return std::vector<std::int64_t>(first + offsets[static_cast<std::size_t>(r)],
-                                   first + offsets[static_cast<std::size_t>(r) + 1]);
-}
-
 // This rank's rows of step `global_step`: its part of that step's global batch under the split
 // the schedule gives for the step (even, or balanced by speed).
 data::Batch Trainer::State::read_rank_rows(std::int64_t global_step) const {

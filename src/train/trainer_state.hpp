@@ -221,8 +221,6 @@ struct Trainer::State {
     std::vector<std::int64_t> offsets;  // [world + 1], into the batch
     std::vector<std::int64_t> rows;     // each rank's rows (documents)
     std::vector<std::int64_t> tokens;   // document data: each rank's tokens; empty for rows
-    // Document data: rank r's documents' lengths, in batch order.
-    std::vector<std::int64_t> lengths(const Trainer::State& s, int r) const;
   };
   StepSplit split_of(std::int64_t global_step) const;
   // A probe (probe_memory) runs one micro-batch of the attempt's plan, and always rolls back:

@@ -136,6 +136,28 @@ TEST(StepAgreement, CountsAndLossSumsStayExactPastFloatPrecision) {
   }
 }
 
+TEST(StepAgreement, EveryRanksPlanArrivesOnEveryRank) {
+  // Documents: each rank's micro-batches and real and padded tokens, as its own plan counted
+  // them (no rank cuts another's share to log it), the tokens past 2^24.
+  const ControlLayout layout{3};
+  std::vector<RankReport> reports(3);
+  for (int r = 0; r < 3; ++r) {
+    auto& report = reports[static_cast<std::size_t>(r)];
+    report.pieces = 17 + r;
+    report.tokens = (std::int64_t{1} << 24) + 1 + r;
+    report.padded_tokens = (std::int64_t{5} << 30) + 3 * r + 1;
+  }
+  const StepOutcome outcome = agree_on_step(layout, reduce(layout, reports, {0, 0, 0}).data());
+  for (int r = 0; r < 3; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    EXPECT_EQ(outcome.pieces.at(i), reports[i].pieces);
+    EXPECT_EQ(outcome.tokens.at(i), reports[i].tokens);
+    EXPECT_EQ(outcome.padded_tokens.at(i), reports[i].padded_tokens);
+  }
+  EXPECT_TRUE(outcome.succeeded());
+  EXPECT_FALSE(outcome.stop);
+}
+
 TEST(StepAgreement, OneRankThatStoppedBetweenMicroBatchesDropsTheStepEverywhere) {
   const ControlLayout layout{3};
   std::vector<RankReport> reports(3);

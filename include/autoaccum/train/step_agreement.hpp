@@ -41,6 +41,9 @@ struct ControlLayout {
   // Seconds the rank spent computing its part of the attempt (before the collective): the
   // speeds --balance throughput shares the batch by.
   std::size_t compute_seconds(int rank) const { return index(2, rank); }
+  // The micro-batches its plan cut the rank's share into (documents: so that no rank computes
+  // another's plan to log it).
+  std::size_t pieces(int rank) const { return index(3, rank); }
   // Exact values (kExactSlots each): its peak memory in the attempt in bytes, its summed loss
   // and the count of what that loss counted (rows, tokens).
   std::size_t peak_bytes(int rank) const { return exact(0, rank); }
@@ -52,7 +55,10 @@ struct ControlLayout {
   std::size_t shape_square(int rank) const { return exact(4, rank); }
   // Its live bytes when the attempt began: the state it holds whatever the micro-batch.
   std::size_t base_bytes(int rank) const { return exact(5, rank); }
-  std::size_t stop() const { return exact(6, 0); }  // signals
+  // Documents: the real and the padded tokens of the rank's plan.
+  std::size_t tokens(int rank) const { return exact(6, rank); }
+  std::size_t padded_tokens(int rank) const { return exact(7, rank); }
+  std::size_t stop() const { return exact(8, 0); }  // signals
   // Ranks that left micro-batches undone because a stop signal came between two of them.
   std::size_t abandoned() const { return stop() + 1; }
   std::int64_t count() const { return static_cast<std::int64_t>(abandoned()) + 1; }
@@ -62,7 +68,7 @@ struct ControlLayout {
     return static_cast<std::size_t>(field * world + rank);
   }
   std::size_t exact(int field, int rank) const {
-    return index(3, 0) + kExactSlots * static_cast<std::size_t>(field * world + rank);
+    return index(4, 0) + kExactSlots * static_cast<std::size_t>(field * world + rank);
   }
 };
 
@@ -80,6 +86,8 @@ struct RankReport {
   double weight = 0;
   MicroBatchShape peak_shape{};  // the micro-batch of the peak, or the one that ran out
   std::int64_t base_bytes = 0;   // live bytes when the attempt began
+  // The attempt's plan: micro-batches, and for documents real and padded tokens.
+  std::int64_t pieces = 0, tokens = 0, padded_tokens = 0;
 };
 // Writes `report` into this rank's slots of a zeroed host control array.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
@@ -91,7 +99,9 @@ struct StepOutcome {
   std::vector<std::int64_t> base_bytes;      // per rank: live bytes when the attempt began
   std::vector<AttemptPhase> phases;          // per rank: where it ran out (kNone: it did not)
   std::vector<double> compute_seconds;       // per rank: its time computing, before the collective
-  bool stop = false;                         // some rank received a stop signal
+  // Per rank, the attempt's plan: micro-batches, and for documents real and padded tokens.
+  std::vector<std::int64_t> pieces, tokens, padded_tokens;
+  bool stop = false;       // some rank received a stop signal
   bool abandoned = false;  // some rank stopped between micro-batches: the step is not taken
   double loss_sum = 0;     // the loss summed over everything the ranks counted
   double weight = 0;       // how many items (rows, tokens, values) that was
