@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <numeric>
 
 #include "autoaccum/memory/memory.hpp"
 
@@ -29,7 +30,9 @@ std::string duration_text(double seconds) {
 
 std::string rate_text(double per_second) {
   char text[32];
-  if (per_second >= 1000)
+  if (per_second >= 1e6)
+    std::snprintf(text, sizeof text, "%.2fM", per_second / 1e6);
+  else if (per_second >= 1000)
     std::snprintf(text, sizeof text, "%.1fk", per_second / 1000);
   else
     std::snprintf(text, sizeof text, "%.0f", per_second);
@@ -170,10 +173,14 @@ void ProgressObserver::on_oom(const OomEvent& event) {
 
 void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks) {
   const std::int64_t done = row.step + 1;
+  const std::int64_t samples =
+      std::accumulate(ranks.rows.begin(), ranks.rows.end(), std::int64_t{0});
+  samples_ += samples > 0 ? samples : global_batch_;
+  tokens_ += row.tokens;
   if (every_ <= 0 || !(done % every_ == 0 || done == total_steps_ || done == first_step_ + 1))
     return;
   const double elapsed = seconds_since(start_);
-  const double rate = static_cast<double>((done - first_step_) * global_batch_) / elapsed;
+  const double rate = static_cast<double>(samples_) / elapsed;
   const double eta =
       elapsed / static_cast<double>(done - first_step_) * static_cast<double>(total_steps_ - done);
   // "m 64 x 4", or per rank when the ranks differ: "m 16,32 x 4,2".
@@ -192,18 +199,21 @@ void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks)
     b.erase(std::remove(b.begin(), b.end(), ' '), b.end());
     sizes = a + " x " + b;
   }
-  char line[240];
+  char line[1024];
   if (!ranks.pieces.empty()) {
-    // Documents: "tokens 4096 x 3  pad 4%": budget x micro-batches, and the step's padding.
+    // Documents: "tokens 4096 x 3  pad 4%": budget x micro-batches, and the step's padding;
+    // real tokens and documents per second since the start.
     const double padding = row.padded_tokens > 0
                                ? 100.0 * (1.0 - static_cast<double>(row.tokens) /
                                                     static_cast<double>(row.padded_tokens))
                                : 0.0;
     std::snprintf(line, sizeof line,
-                  "step %lld/%lld  loss %.4f  lr %.4g  tokens %s  pad %.0f%%  %s docs/s  ETA %s",
+                  "step %lld/%lld  loss %.4f  lr %.4g  tokens %s  pad %.0f%%  %s tok/s  %s docs/s  "
+                  "ETA %s",
                   static_cast<long long>(done), static_cast<long long>(total_steps_), row.loss,
-                  row.lr, sizes.c_str(), padding, rate_text(rate).c_str(),
-                  duration_text(eta).c_str());
+                  row.lr, sizes.c_str(), padding,
+                  rate_text(static_cast<double>(tokens_) / elapsed).c_str(),
+                  rate_text(rate).c_str(), duration_text(eta).c_str());
     std::cout << line << std::endl;
     return;
   }

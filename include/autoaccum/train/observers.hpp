@@ -147,6 +147,9 @@ class ProgressObserver final : public StepObserver {
 
  private:
   std::int64_t every_, first_step_, total_steps_, global_batch_;
+  // Since the start: the samples (rows, documents: with --global-batch-tokens a batch's count
+  // varies) and documents' real tokens the steps took.
+  std::int64_t samples_ = 0, tokens_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
