@@ -405,7 +405,8 @@ def bench_documents(work, reps, results):
     with h5py.File(data, "r") as f:
         longest = int(np.diff(f["offsets"][:]).max())
     raw = {k: [] for k in ("auto", "ddp", "ratio", "padding", "ddp_padding", "windows",
-                           "windows_ratio", "best", "best_ratio")}
+                           "windows_ratio", "best", "best_ratio", "memory", "memory_ratio",
+                           "memory_padding", "pieces", "memory_pieces")}
     finals, per_micro, fixed_fits = [], [], {}
     for rep in range(reps):
         auto = train_documents(work, data, model, "auto")
@@ -423,6 +424,10 @@ def bench_documents(work, reps, results):
         win = train_documents(work, windows, model, None,
                               extra=["--global-batch", DOCS_BATCH // 2, "--micro-batch", "auto"])
         w = token_rate(win, per_row=DOCS["context"])
+        # --token-cost memory: the same automatic budget spent by memory across widths.
+        mem = train_documents(work, data, model, "auto", extra=["--token-cost", "memory"])
+        m = token_rate(mem)
+        m_padding = 1 - mem["tokens"].sum() / mem["padded_tokens"].sum()
         # The sweep: fixed budgets around the one auto found, under the same limit.
         fixed = {}
         for b in sorted({budget // 2, budget, budget * 3 // 2, budget * 2}):
@@ -437,13 +442,17 @@ def bench_documents(work, reps, results):
         per_micro.append(k)
         for key, value in (("auto", a), ("ddp", d), ("ratio", a / d), ("padding", padding),
                            ("ddp_padding", d_padding), ("windows", w), ("windows_ratio", a / w),
-                           ("best", fixed[best]), ("best_ratio", a / fixed[best])):
+                           ("best", fixed[best]), ("best_ratio", a / fixed[best]),
+                           ("memory", m), ("memory_ratio", m / a), ("memory_padding", m_padding),
+                           ("pieces", float(auto["accumulation"].mean())),
+                           ("memory_pieces", float(mem["accumulation"].mean()))):
             raw[key].append(value)
         log(f"  rep {rep + 1}/{reps}: auto settled at {budget} tokens: {a:.0f} tokens/s, "
             f"padding {100 * padding:.1f}%; DDP at {k} documents per micro-batch: {d:.0f} "
             f"tokens/s (padding {100 * d_padding:.1f}%), ratio {a / d:.2f}; best fixed {best}: "
             f"{fixed[best]:.0f} (auto/best {a / fixed[best]:.3f}); windows of {DOCS['context']}: "
-            f"{w:.0f} tokens/s")
+            f"{w:.0f} tokens/s; --token-cost memory {m:.0f} tokens/s (x{m / a:.3f}), padding "
+            f"{100 * m_padding:.1f}%")
     results["documents"] = {k: spread(v) for k, v in raw.items()}
     results["documents"].update({"finals": finals, "per_micro": per_micro, "reps": reps,
                                  "longest": longest, "limit": DOCS_LIMIT,
@@ -478,7 +487,14 @@ def render_documents(results):
              f"| auto / best fixed budget | {fmt(r['best_ratio'], 3)} | >= 0.95 | "
              f"{met(r['best_ratio']['median'] >= 0.95)} |",
              f"| autoaccum on documents / on windows of {DOCS['context']} | "
-             f"{fmt(r['windows_ratio'])} | reported | |", "",
+             f"{fmt(r['windows_ratio'])} | reported | |",
+             f"| `--token-cost memory` tokens/s | {fmt(r['memory'], 0)} | | |",
+             f"| `--token-cost memory` / flat (the default) | {fmt(r['memory_ratio'], 3)} | "
+             "reported | |",
+             f"| micro-batches per step on rank 0, flat / memory | {fmt(r['pieces'], 1)} / "
+             f"{fmt(r['memory_pieces'], 1)} | reported | |",
+             f"| padding with `--token-cost memory` | {fmt(r['memory_padding'], 1, 100, '%')} | "
+             "reported | |", "",
              "Fixed budgets tried under the same limit: " + ", ".join(
                  f"{b} ({'fits' if ok else 'OOM'})" for b, ok in r["fits"].items()) + "."]
     return "\n".join(lines) + "\n"
