@@ -199,7 +199,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     // rank tried before an out-of-memory lowered it (a size the model does not accept, such as
     // BatchNorm's one row): anything else is this rank's own failure (spmd_main aborts).
     if (!watch.explains(e)) {
-      if (!(m > 0 && m < tried_before && result.oom_events > 0)) throw;
+      if (!(m > 0 && m < tried_before && ran_out_before)) throw;
       refusal = e.what();
       refused_after = previous;
       phase = AttemptPhase::kRefused;
@@ -252,6 +252,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   reduce->read(control_region, control_values.data());
 
   StepOutcome outcome = agree_on_step(control, control_values.data());
+  if (!outcome.out_of_memory.empty()) ran_out_before = true;
   for (int r = 0; r < world; ++r) {
     auto& peak = peak_bytes[static_cast<std::size_t>(r)];
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);

@@ -351,7 +351,7 @@ void Trainer::State::fail_if_refused(const StepOutcome& outcome) {
   // read the same outcome); the lowest refusing rank's message is printed once.
   std::string mine;
   if (std::find(refused.begin(), refused.end(), rank) != refused.end()) {
-    const std::int64_t size = micro_batches->current(rank);
+    const std::int64_t size = last_tried;  // the attempt's (a probe's size is not current)
     const std::string unit = documents() ? " tokens" : size == 1 ? " row" : " rows";
     mine = "rank " + std::to_string(rank) + ": the model fails on a micro-batch of " +
            std::to_string(size) + unit + " (out of memory at " + std::to_string(refused_after) +

@@ -236,6 +236,7 @@ struct Trainer::State {
   // after_out_of_memory). `refusal`: the model's whole error; its last line is printed.
   std::int64_t largest_tried = 0, last_tried = 0, refused_after = 0;
   std::string refusal;
+  bool ran_out_before = false;  // some attempt (a probe's too) ran out of memory on some rank
   void fail_if_refused(const StepOutcome& outcome);
   void rebalance(const std::vector<std::int64_t>& step_shares,
                  const std::vector<double>& compute_seconds);

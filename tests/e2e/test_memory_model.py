@@ -251,6 +251,36 @@ class MemoryModel(TempDirTest):
         r = autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
                       "--global-batch", 2, "--steps", 1, timeout=120)
         self.assertNotIn(r.returncode, (0, 3), r)
+        # The memory probe too (predict, under a limit): a model that takes 2 rows (the setup
+        # trial's) or a multiple of 8, the probe's first size (8 rows, a sixteenth of the share)
+        # runs out (injected above 4) and the halved 4 is refused: the same one line and exit 3
+        # (it was each rank's error and Open MPI's abort).
+        x, y = um.classification_data(256, (6,), 3, seed=4)
+        data = um.write_data(self.path("flat256.h5"), x, y, classes=3)
+
+        class GroupsOfEight(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(6, 3)
+
+            def forward(self, x):
+                if x.size(0) > 2 and x.size(0) % 8 != 0:
+                    raise ValueError("rows must be 2 or a multiple of 8")
+                return self.fc(x)
+
+        model = um.save_scripted(GroupsOfEight(), self.path("groups-of-eight.pt"))
+        log = self.path("refused-probe.h5")
+        r = autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
+                      "--global-batch", 256, "--steps", 2, "--memory-limit", "1GiB",
+                      "--inject-oom", "rank=0,above=4", "--run-log", log, timeout=120)
+        self.assertEqual(r.returncode, 3, r)
+        errors = um.error_lines(r)
+        self.assertEqual(len(errors), 1, r)
+        self.assertIn("rank 0: the model fails on a micro-batch of 4 rows (out of memory at 8",
+                      errors[0])
+        self.assertIn("rows must be 2 or a multiple of 8", errors[0])
+        self.assertNotIn("Traceback", r.stderr + r.stdout)
+        self.assertNotIn("MPI_ABORT", r.stderr + r.stdout)
 
     def test_halve_keeps_the_old_search(self):
         r, log, _ = self.train(2, "halve", "--global-batch", 256, "--steps", 2,
