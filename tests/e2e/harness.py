@@ -1,4 +1,5 @@
 """Shared helpers for end-to-end tests: run autoaccum (or a probe) under mpiexec with a timeout."""
+import atexit
 import contextlib
 import hashlib
 import os
@@ -25,11 +26,32 @@ class Result:
                 f"\n--- stderr\n{self.stderr}")
 
 
+# Open MPI keeps a session directory per mpiexec under $TMPDIR (Open MPI 5:
+# prterun.<host>.<pid>.<uid>; 4: ompi.<host>.<uid>/pid.<pid>) and removes it only when mpiexec
+# ends normally. Tests that kill mpiexec with SIGKILL leave theirs behind, and a later mpiexec
+# that happens to get the same process id (they wrap at 32768) fails to start: Open MPI 5 says
+# "PMIX_ERR_EXISTS ... prte_session_dir failed" and exits with 213 (seen in a repeat of the kill
+# -9 tests). So every mpiexec a test process starts gets that process's own TMPDIR, removed when
+# the process ends: what a killed mpiexec leaves cannot meet another test's mpiexec.
+_SESSION_DIR = None
+
+
+def mpi_env(extra=None):
+    """The environment for an mpiexec started by this test process: ours, with a private TMPDIR
+    for Open MPI's session directories, and `extra`."""
+    global _SESSION_DIR
+    if _SESSION_DIR is None:
+        _SESSION_DIR = tempfile.mkdtemp(prefix="autoaccum-mpi-")
+        atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
+    env = dict(os.environ, TMPDIR=_SESSION_DIR)
+    env.update(extra or {})
+    return env
+
+
 def mpirun(ranks, program, *args, timeout=60, env=None):
     """Runs PROGRAM ARGS on RANKS ranks; a run past TIMEOUT is killed and fails the test."""
     command = [MPIEXEC, "--oversubscribe", "-n", str(ranks), program, *map(str, args)]
-    full_env = dict(os.environ)
-    full_env.update(env or {})
+    full_env = mpi_env(env)
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     return Result(done.returncode, done.stdout, done.stderr, time.monotonic() - start)

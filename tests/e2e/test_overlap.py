@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import BIN, MPIEXEC, TempDirTest, autoaccum, text
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum, text, mpi_env
 
 
 class Overlap(TempDirTest):
@@ -155,7 +155,7 @@ class Overlap(TempDirTest):
              "--model-file", model, "--threads", "1", "--shuffle", "none", *map(str, common),
              "--log-every", "1", "--checkpoint", checkpoint, "--inject-stall",
              "rank=0,step=1,seconds=3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            text=True, env=mpi_env())
         out = []
         try:
             for line in job.stdout:

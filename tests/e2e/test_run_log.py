@@ -16,7 +16,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, synth, text, small_disk
+from harness import BIN, MPIEXEC, autoaccum, synth, text, small_disk, mpi_env
 
 
 class RunLogIntegrity(unittest.TestCase):
@@ -58,7 +58,7 @@ class RunLogIntegrity(unittest.TestCase):
         for _ in range(30):
             before = os.stat(log).st_mtime_ns if os.path.exists(log) else 0
             job = subprocess.Popen(self.command(log, checkpoint, 100000), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
+                                   stderr=subprocess.DEVNULL, start_new_session=True, env=mpi_env())
             # Kill while this job writes its log (every step): at a random moment once it has
             # written it at least once.
             deadline = time.monotonic() + 60
@@ -74,7 +74,7 @@ class RunLogIntegrity(unittest.TestCase):
         with h5py.File(checkpoint, "r") as f:
             done = int(f.attrs["step"])
         r = subprocess.run(self.command(log, checkpoint, done + 5), capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, env=mpi_env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         steps = self.assert_whole(log)
         np.testing.assert_array_equal(steps, np.arange(done + 5))
@@ -92,7 +92,7 @@ class RunLogIntegrity(unittest.TestCase):
         command = self.command(log, checkpoint, 100, "--collective-timeout", "0", "--inject-stall",
                                "rank=1,step=6,seconds=120", checkpoint_every=4, flush_every=1000)
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+                               start_new_session=True, env=mpi_env())
         try:
             deadline = time.monotonic() + 60
             while not os.path.exists(checkpoint):
@@ -112,7 +112,7 @@ class RunLogIntegrity(unittest.TestCase):
     def test_every_checkpoint_has_a_row_with_its_size_and_a_resume_keeps_those_before_it(self):
         log, checkpoint = os.path.join(self.dir, "saved.h5"), os.path.join(self.dir, "saved.ckpt")
         r = subprocess.run(self.command(log, checkpoint, 7, checkpoint_every=3),
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, env=mpi_env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         size = os.path.getsize(checkpoint)
         with h5py.File(log, "r") as f:
@@ -125,7 +125,7 @@ class RunLogIntegrity(unittest.TestCase):
         self.assertIn(f"3 checkpoint(s), the last after step 7: {size / 2**20:.1f} MiB in", r.stdout)
         # Resumed from step 7 (its checkpoint) to 9: the rows up to 7 stay, one more at 9.
         r = subprocess.run(self.command(log, checkpoint, 9, checkpoint_every=3),
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, env=mpi_env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with h5py.File(log, "r") as f:
             np.testing.assert_array_equal(f["checkpoints/step"][:], [3, 6, 7, 9])
@@ -141,7 +141,7 @@ class RunLogIntegrity(unittest.TestCase):
             errors = os.path.join(self.dir, "full.err")
             with open(errors, "w") as err:
                 job = subprocess.Popen(self.command(log, checkpoint, 3000), stdout=subprocess.DEVNULL,
-                                       stderr=err)
+                                       stderr=err, env=mpi_env())
                 deadline = time.monotonic() + 60
                 while not os.path.exists(log) and time.monotonic() < deadline:
                     time.sleep(0.05)

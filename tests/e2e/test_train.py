@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, small_disk
+from harness import BIN, MPIEXEC, autoaccum, small_disk, mpi_env
 
 SCHEMA = {
     "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
@@ -67,7 +67,7 @@ class Threads(Run):
                        "train", "--data", self.data, "--hidden", "8", "--global-batch", 50,
                        "--steps", 1, "--run-log", log]
             done = subprocess.run([str(c) for c in command], capture_output=True, text=True,
-                                  timeout=60)
+                                  timeout=60, env=mpi_env())
             self.assertEqual(done.returncode, 0, done.stderr)
             with h5py.File(log, "r") as f:
                 return int(f.attrs["threads_per_rank"]), done.stdout
@@ -240,7 +240,7 @@ class RunLogEndToEnd(Run):
                    "--hidden", "32,32", "--threads", "1", "--global-batch", "100",
                    "--steps", "1000000", "--run-log", log, "--log-every", "0"]
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+                               start_new_session=True, env=mpi_env())
         try:
             deadline = time.monotonic() + 60
             rows = 0
@@ -268,7 +268,7 @@ class RunLogEndToEnd(Run):
         command = [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
                    "--hidden", "32,32", "--threads", "1", "--global-batch", "100",
                    "--steps", "3000", "--run-log", log, "--log-every", "0"]
-        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env())
         deadline = time.monotonic() + 30
         while not os.path.exists(log) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -293,7 +293,7 @@ class RunLogEndToEnd(Run):
                    "--steps", "100000", "--run-log", log, "--checkpoint", checkpoint,
                    "--memory-limit", "64MiB", "--inject-oom", "rank=1,above=20",
                    "--log-every", "0"]
-        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env())
         time.sleep(6)
         job.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
         out, err = job.communicate(timeout=60)
@@ -330,7 +330,7 @@ class RunLogEndToEnd(Run):
         job = subprocess.Popen([MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", *common,
                                 "--steps", "2", "--log-every", "1", "--checkpoint", checkpoint,
                                 "--run-log", log], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, env=mpi_env())
         out = []
         for line in job.stdout:
             out.append(line)
@@ -451,7 +451,7 @@ class RankDies(Run):
         command = [MPIEXEC, "--oversubscribe", "-n", "3", BIN, "train", *common, "--steps", str(steps),
                    "--run-log", log, "--checkpoint", checkpoint]
         job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+                               start_new_session=True, env=mpi_env())
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not os.path.exists(checkpoint):

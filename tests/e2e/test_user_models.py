@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import BIN, MPIEXEC, TempDirTest, autoaccum
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum, mpi_env
 
 
 def signal_session(process, name):
@@ -311,7 +311,7 @@ class UserModels(TempDirTest):
             [MPIEXEC, "--oversubscribe", "-n", "2", BIN, "train", "--data", self.data,
              "--model-file", model, "--threads", "1", "--global-batch", "8", "--steps",
              "1000000", "--run-log", log, "--log-every", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=mpi_env())
         try:
             deadline = time.monotonic() + 60
             while not os.path.exists(log + ".lock") or not os.path.exists(log):
