@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -210,6 +211,19 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   out << "  final micro-batch " << log.attribute("final_micro_batch");
   if (!accumulation.empty()) out << " (accumulation " << integer(accumulation.back()) << ")";
   out << " after " << step.size() << " logged step(s)\n";
+  // Every rank's micro-batches (schema 10): shown where another rank ran more than rank 0.
+  const auto most = values(log, "steps", "accumulation_max");
+  const auto most_rank = values(log, "steps", "accumulation_max_rank");
+  if (!most.empty() && most.size() == accumulation.size() && most_rank.size() == most.size() &&
+      !std::equal(most.begin(), most.end(), accumulation.begin())) {
+    const auto top = static_cast<std::size_t>(
+        std::distance(most.begin(), std::max_element(most.begin(), most.end())));
+    const auto [low, high] = std::minmax_element(accumulation.begin(), accumulation.end());
+    out << "  micro-batches per step: rank 0 ran " << integer(*low);
+    if (*high > *low) out << "-" << integer(*high);
+    out << "; the most on one rank " << integer(most[top]) << " (rank " << integer(most_rank[top])
+        << ", step " << integer(step[top]) << ")\n";
+  }
 
   // The memory model's prediction per rank (schema 7, --micro-batch-search predict).
   const auto model_rank = values(log, "memory_model", "rank");

@@ -48,7 +48,9 @@ const std::vector<Field<StepRow>>& step_fields() {
       {"loss_scale", &StepRow::loss_scale},
       {"data_cpu_seconds", &StepRow::data_cpu_seconds},
       {"tokens", &StepRow::tokens},
-      {"padded_tokens", &StepRow::padded_tokens}};
+      {"padded_tokens", &StepRow::padded_tokens},
+      {"accumulation_max", &StepRow::accumulation_max},
+      {"accumulation_max_rank", &StepRow::accumulation_max_rank}};
   return fields;
 }
 const std::vector<Field<OomRow>>& oom_fields() {

@@ -452,7 +452,7 @@ TrainResult Trainer::run_steps() {
     const Trainer::State::StepSplit split = s.split_of(s.step);
     const std::vector<std::int64_t>& step_shares = split.rows;
     // Document data: every rank's plan as it reported it in the attempt that succeeded.
-    std::int64_t step_tokens = 0, step_padded = 0, rank0_pieces = 0;
+    std::int64_t step_tokens = 0, step_padded = 0;
     std::vector<std::int64_t> rank_pieces;
     if (s.documents()) {
       for (int r = 0; r < s.world; ++r) {
@@ -461,7 +461,6 @@ TrainResult Trainer::run_steps() {
         step_padded += outcome.padded_tokens[i];
       }
       rank_pieces = outcome.pieces;
-      rank0_pieces = rank_pieces.front();
     }
     ++s.step;
     last_loss = outcome.loss;
@@ -472,8 +471,18 @@ TrainResult Trainer::run_steps() {
     row.step = s.step - 1;
     row.epoch = s.position(s.step - 1).epoch;
     row.micro_batch = s.micro_batches->current(0);
-    row.accumulation =
-        s.documents() ? rank0_pieces : s.micro_batches->accumulation(0, step_shares.front());
+    // Every rank's micro-batches: the pieces each reported for documents, ceil(rows / size)
+    // for rows. Rank 0's is `accumulation`; the most, and who ran it, is what the step waited on.
+    for (int r = 0; r < s.world; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      const std::int64_t count =
+          s.documents() ? rank_pieces[i] : s.micro_batches->accumulation(r, step_shares[i]);
+      if (r == 0) row.accumulation = count;
+      if (r == 0 || count > row.accumulation_max) {
+        row.accumulation_max = count;
+        row.accumulation_max_rank = r;
+      }
+    }
     row.tokens = step_tokens;
     row.padded_tokens = step_padded;
     row.loss = outcome.loss;

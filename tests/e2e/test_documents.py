@@ -90,6 +90,40 @@ def token_batches(lengths, tokens):
     return batches
 
 
+def fewest_pieces(lengths, budget):
+    """How many micro-batches a budget cuts documents of these lengths into at the fewest
+    (docs/data-format.md): longest first, documents taken while (count x the first) fits; one
+    longer than the budget goes alone. Taking while they fit gives the fewest such runs."""
+    pieces, count, first = 0, 0, 0
+    for n in sorted(lengths, reverse=True):
+        if count and (count + 1) * first <= budget:
+            count += 1
+        else:
+            pieces, count, first = pieces + 1, 1, n
+    return pieces
+
+
+def rank_pieces(log, lengths, batch):
+    """Every rank's micro-batches at every step of a log, computed from the documents each rank
+    was given and its budget (`rank_sizes`), with --shuffle none: {step: [pieces per rank]}."""
+    with h5py.File(log, "r") as f:
+        g = {c: f[f"rank_sizes/{c}"][:] for c in ("step", "rank", "micro_batch", "rows")}
+        steps, world = f["steps/step"][:], int(f.attrs["world_size"])
+    out = {}
+    for s in steps:
+        budgets, rows = [], []
+        for r in range(world):
+            mine = (g["rank"] == r) & (g["step"] <= s)
+            budgets.append(int(g["micro_batch"][mine][-1]))
+            rows.append(int(g["rows"][mine][-1]))
+        begin, pieces = int(s) * batch, []
+        for r in range(world):
+            pieces.append(fewest_pieces(lengths[begin:begin + rows[r]], budgets[r]))
+            begin += rows[r]
+        out[int(s)] = pieces
+    return out
+
+
 def reference(model_path, docs, global_batch, steps, lr, labels=None, batches=None):
     """PyTorch, one document at a time, no padding: mean over the batch's counted items.
     `batches`: [(begin, end)] in file order (--global-batch-tokens); default runs of
@@ -189,6 +223,9 @@ class Documents(TempDirTest):
         with h5py.File(log, "r") as f:
             self.assertTrue(all(f["steps/accumulation"][:] > 1))
             self.assertEqual(set(f["steps/micro_batch"][:]), {30})
+            most = [int(v) for v in f["steps/accumulation_max"][:]]
+        pieces = rank_pieces(log, [len(d) for d in self.docs], 12)
+        self.assertEqual(most, [max(pieces[s]) for s in range(3)], pieces)
 
     def test_out_of_memory_on_one_rank_of_three_halves_only_its_budget(self):
         _, log, checkpoint = self.train(
@@ -202,6 +239,19 @@ class Documents(TempDirTest):
             # Halved, never below the longest document (30 tokens), which must go alone.
             self.assertEqual(list(after), [max(b // 2, 30) for b in before])
             self.assertGreater(f["steps/oom_retries"][1], 0)
+            acc = f["steps/accumulation"][:]
+            most, most_rank = f["steps/accumulation_max"][:], f["steps/accumulation_max_rank"][:]
+        # Every rank's micro-batches: rank 0's and the most (and where), as each rank's documents
+        # and budget give them. Rank 1, with the halved budget, runs the most from step 1 on.
+        expected = rank_pieces(log, [len(d) for d in self.docs], 12)
+        for s, pieces in expected.items():
+            self.assertEqual(int(acc[s]), pieces[0], s)
+            self.assertEqual(int(most[s]), max(pieces), s)
+            self.assertEqual(int(most_rank[s]), pieces.index(max(pieces)), s)
+        self.assertEqual(int(most_rank[2]), 1, expected)
+        self.assertGreater(int(most[2]), int(acc[2]))
+        summary = autoaccum(1, "log", log).stdout
+        self.assertRegex(summary, rf"the most on one rank {max(most)} \(rank 1, step \d\)")
 
     def test_out_of_memory_on_every_rank_at_two_ranks_equals_pytorch(self):
         _, log, checkpoint = self.train(

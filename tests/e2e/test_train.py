@@ -17,7 +17,7 @@ from harness import BIN, MPIEXEC, autoaccum, small_disk, mpi_env
 
 SCHEMA = {
     "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
-              "samples_per_second", "oom_retries"],
+              "samples_per_second", "oom_retries", "accumulation_max", "accumulation_max_rank"],
     "oom": ["step", "rank", "micro_batch", "next_micro_batch"],
     "eval": ["step", "loss", "accuracy"],
     "ranks": ["rank", "hostname", "peak_bytes"],
@@ -93,7 +93,7 @@ class RunLogEndToEnd(Run):
             for name in ROOT_ATTRIBUTES:
                 self.assertIn(name, f.attrs, name)
             self.assertEqual(text(f.attrs["format"]), "autoaccum.runlog")
-            self.assertEqual(int(f.attrs["schema_version"]), 9)
+            self.assertEqual(int(f.attrs["schema_version"]), 10)
             self.assertEqual(int(f.attrs["world_size"]), 2)
             self.assertEqual(int(f.attrs["global_batch"]), 200)
             self.assertEqual(text(f.attrs["micro_batch_mode"]), "auto")
@@ -110,6 +110,9 @@ class RunLogEndToEnd(Run):
             m, acc = f["steps/micro_batch"][:], f["steps/accumulation"][:]
             self.assertTrue(np.all(m * acc >= 100) and np.all(m * (acc - 1) < 100), (m, acc))
             self.assertTrue(np.all(m <= 30))
+            # Both ranks at the same size on equal shares: rank 0 ran the most (lowest rank).
+            np.testing.assert_array_equal(f["steps/accumulation_max"][:], acc)
+            np.testing.assert_array_equal(f["steps/accumulation_max_rank"][:], 0)
             self.assertEqual(int(f.attrs["final_micro_batch"]), int(m[-1]))
             # The OOM rows: rank 1, at step 0, halving from 100.
             np.testing.assert_array_equal(f["oom/rank"][:], [1, 1])

@@ -15,13 +15,18 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 3: the `rank_sizes` group (every rank's micro-batch and rows).
 // 8: `resumes/global_batch` and `resumes/reshaped` (--resume-reshape).
 // 9: the `checkpoints` group (every checkpoint written: its step, bytes and seconds).
-inline constexpr std::int64_t kRunLogSchemaVersion = 9;
+// 10: `steps/accumulation_max` and `steps/accumulation_max_rank` (every rank's micro-batches).
+inline constexpr std::int64_t kRunLogSchemaVersion = 10;
 
 struct StepRow {
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::int64_t micro_batch = 0;
   std::int64_t accumulation = 0;  // micro-batches on rank 0
+  // The most micro-batches any rank ran in the step, and the lowest rank that ran that many
+  // (they differ from rank 0's under --micro-batch-scope rank, unequal shares, and documents).
+  std::int64_t accumulation_max = 0;
+  std::int64_t accumulation_max_rank = 0;
   double loss = 0;
   double lr = 0;
   double loss_scale = 1;  // --precision fp16: the loss scale the step ran at; 1 otherwise
