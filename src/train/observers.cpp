@@ -142,11 +142,8 @@ void RunLogObserver::write(const std::string& status, const std::string& message
 }
 
 ProgressObserver::ProgressObserver(std::int64_t every, std::int64_t first_step,
-                                   std::int64_t total_steps, std::int64_t global_batch)
-    : every_(every),
-      first_step_(first_step),
-      total_steps_(total_steps),
-      global_batch_(global_batch) {}
+                                   std::int64_t total_steps)
+    : every_(every), first_step_(first_step), total_steps_(total_steps) {}
 
 void ProgressObserver::on_oom(const OomEvent& event) {
   if (event.next.empty()) return;  // the run's error message says it
@@ -173,9 +170,7 @@ void ProgressObserver::on_oom(const OomEvent& event) {
 
 void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks) {
   const std::int64_t done = row.step + 1;
-  const std::int64_t samples =
-      std::accumulate(ranks.rows.begin(), ranks.rows.end(), std::int64_t{0});
-  samples_ += samples > 0 ? samples : global_batch_;
+  samples_ += std::accumulate(ranks.rows.begin(), ranks.rows.end(), std::int64_t{0});
   tokens_ += row.tokens;
   if (every_ <= 0 || !(done % every_ == 0 || done == total_steps_ || done == first_step_ + 1))
     return;

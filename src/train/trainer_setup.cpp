@@ -461,13 +461,7 @@ void Trainer::State::open_observers() {
     });
   }
   if (root && !options.quiet) {
-    // Batches cut by tokens vary in documents: the rate uses their mean over an epoch.
-    const std::int64_t per_batch = plan->by_tokens()
-                                       ? plan->file_batch(plan->batches_per_epoch() - 1).end /
-                                             std::max<std::int64_t>(1, plan->batches_per_epoch())
-                                       : options.global_batch;
-    observers.push_back(
-        std::make_unique<ProgressObserver>(options.log_every, step, total_steps, per_batch));
+    observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
   }
 }
 

@@ -137,8 +137,7 @@ class RunLogObserver final : public StepObserver {
 // last; OOM decisions; evaluations; messages.
 class ProgressObserver final : public StepObserver {
  public:
-  ProgressObserver(std::int64_t every, std::int64_t first_step, std::int64_t total_steps,
-                   std::int64_t global_batch);
+  ProgressObserver(std::int64_t every, std::int64_t first_step, std::int64_t total_steps);
   void on_oom(const OomEvent& event) override;
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
@@ -146,9 +145,9 @@ class ProgressObserver final : public StepObserver {
   void on_message(const std::string& line) override;
 
  private:
-  std::int64_t every_, first_step_, total_steps_, global_batch_;
-  // Since the start: the samples (rows, documents: with --global-batch-tokens a batch's count
-  // varies) and documents' real tokens the steps took.
+  std::int64_t every_, first_step_, total_steps_;
+  // Since the start: the samples (rows or documents, every rank's part of each batch: with
+  // --global-batch-tokens a batch's count varies) and documents' real tokens the steps took.
   std::int64_t samples_ = 0, tokens_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
