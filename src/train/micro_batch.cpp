@@ -108,6 +108,13 @@ bool MicroBatchPolicy::follow_share(std::int64_t rows, std::optional<std::int64_
   return changed;
 }
 
+void MicroBatchPolicy::resume_share(std::int64_t rows, std::int64_t size) {
+  if (!automatic_ || rows < 1 || size < 1) return;
+  per_rank_rows_ = rows;
+  floor_ = std::min(floor_, rows);
+  current_ = std::max(floor_, std::min(size, rows));
+}
+
 std::int64_t MicroBatchPolicy::accumulation(std::int64_t rows) const noexcept {
   return (rows + current_ - 1) / current_;
 }
@@ -168,6 +175,12 @@ std::vector<int> RankMicroBatches::follow_shares(
       changed.push_back(static_cast<int>(r));
   }
   return changed;
+}
+
+void RankMicroBatches::resume_shares(const std::vector<std::int64_t>& rows,
+                                     const std::vector<std::int64_t>& sizes) {
+  for (std::size_t r = 0; r < policies_.size() && r < rows.size() && r < sizes.size(); ++r)
+    policies_[r].resume_share(rows[r], sizes[r]);
 }
 
 void RankMicroBatches::start_at(const std::vector<std::int64_t>& sizes,

@@ -185,17 +185,14 @@ void ProgressObserver::on_step(const io::StepRow& row, const RankFigures& ranks)
       std::any_of(m.begin(), m.end(), [&](std::int64_t v) { return v != m.front(); }) ||
       std::any_of(ranks.rows.begin(), ranks.rows.end(),
                   [&](std::int64_t v) { return v > ranks.rows.front() + 1; });
-  if (differ && m.size() == ranks.rows.size()) {
-    std::vector<std::int64_t> counts = ranks.pieces;
-    for (std::size_t r = 0; counts.empty() && r < m.size(); ++r)
-      counts.push_back((ranks.rows[r] + m[r] - 1) / std::max<std::int64_t>(m[r], 1));
-    std::string a = sizes_text(m), b = sizes_text(counts);
+  if (differ && m.size() == ranks.accumulation.size()) {
+    std::string a = sizes_text(m), b = sizes_text(ranks.accumulation);
     a.erase(std::remove(a.begin(), a.end(), ' '), a.end());
     b.erase(std::remove(b.begin(), b.end(), ' '), b.end());
     sizes = a + " x " + b;
   }
   char line[1024];
-  if (!ranks.pieces.empty()) {
+  if (ranks.documents) {
     // Documents: "tokens 4096 x 3  pad 4%": budget x micro-batches, and the step's padding;
     // real tokens and documents per second since the start.
     const double padding = row.padded_tokens > 0

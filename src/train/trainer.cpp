@@ -473,10 +473,12 @@ TrainResult Trainer::run_steps() {
     row.micro_batch = s.micro_batches->current(0);
     // Every rank's micro-batches: the pieces each reported for documents, ceil(rows / size)
     // for rows. Rank 0's is `accumulation`; the most, and who ran it, is what the step waited on.
+    RankFigures figures;
     for (int r = 0; r < s.world; ++r) {
       const auto i = static_cast<std::size_t>(r);
       const std::int64_t count =
           s.documents() ? rank_pieces[i] : s.micro_batches->accumulation(r, step_shares[i]);
+      figures.accumulation.push_back(count);
       if (r == 0) row.accumulation = count;
       if (r == 0 || count > row.accumulation_max) {
         row.accumulation_max = count;
@@ -500,11 +502,10 @@ TrainResult Trainer::run_steps() {
     row.live_bytes = memory::live_bytes();
     row.allreduce_seconds = s.allreduce_seconds;
     row.retry_seconds = retry_seconds;
-    RankFigures figures;
     figures.peak_bytes = s.peak_bytes;
     figures.micro_batches = s.micro_batches->sizes();
     figures.rows = step_shares;
-    figures.pieces = rank_pieces;
+    figures.documents = s.documents();
     s.notify([&](StepObserver& observer) { observer.on_step(row, figures); });
     // Speeds in what the split divides: rows, or the step's tokens for documents.
     if (o.balance) s.rebalance(s.documents() ? split.tokens : split.rows, outcome.compute_seconds);

@@ -317,8 +317,11 @@ void Trainer::State::restore(const io::Checkpoint& c) {
     shares->change(step + 1, c.shares_after);
     // The recorded sizes already follow these shares: followed again only when they change,
     // as in the interrupted run (a resumed run that followed them afresh would start from what
-    // its memory models say now, not from the sizes it had).
+    // its memory models say now, not from the sizes it had). A size grown past the even share
+    // into a larger one is kept: the share, not the even split, is its cap.
     followed_shares = c.shares;
+    if (!documents() && static_cast<int>(saved.size()) == world)
+      micro_batches->resume_shares(c.shares, saved);
   } else if (options.balance && !c.shares.empty()) {
     say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
                         ") were for another number of ranks or global batch: the ranks start "

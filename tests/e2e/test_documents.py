@@ -103,9 +103,9 @@ def fewest_pieces(lengths, budget):
     return pieces
 
 
-def rank_pieces(log, lengths, batch):
-    """Every rank's micro-batches at every step of a log, computed from the documents each rank
-    was given and its budget (`rank_sizes`), with --shuffle none: {step: [pieces per rank]}."""
+def rank_budgets(log):
+    """Every rank's token budget and documents at every step of a log (`rank_sizes` keeps a
+    rank's row only when they change): {step: ([budget per rank], [documents per rank])}."""
     with h5py.File(log, "r") as f:
         g = {c: f[f"rank_sizes/{c}"][:] for c in ("step", "rank", "micro_batch", "rows")}
         steps, world = f["steps/step"][:], int(f.attrs["world_size"])
@@ -116,11 +116,20 @@ def rank_pieces(log, lengths, batch):
             mine = (g["rank"] == r) & (g["step"] <= s)
             budgets.append(int(g["micro_batch"][mine][-1]))
             rows.append(int(g["rows"][mine][-1]))
-        begin, pieces = int(s) * batch, []
-        for r in range(world):
-            pieces.append(fewest_pieces(lengths[begin:begin + rows[r]], budgets[r]))
-            begin += rows[r]
-        out[int(s)] = pieces
+        out[int(s)] = (budgets, rows)
+    return out
+
+
+def rank_pieces(log, lengths, batch):
+    """Every rank's micro-batches at every step of a log, computed from the documents each rank
+    was given and its budget, with --shuffle none: {step: [pieces per rank]}."""
+    out = {}
+    for s, (budgets, rows) in rank_budgets(log).items():
+        begin, pieces = s * batch, []
+        for budget, n in zip(budgets, rows):
+            pieces.append(fewest_pieces(lengths[begin:begin + n], budget))
+            begin += n
+        out[s] = pieces
     return out
 
 
@@ -228,8 +237,9 @@ class Documents(TempDirTest):
         self.assertEqual(most, [max(pieces[s]) for s in range(3)], pieces)
 
     def test_out_of_memory_on_one_rank_of_three_halves_only_its_budget(self):
-        _, log, checkpoint = self.train(
-            3, "oom", "--micro-batch-scope", "rank", "--inject-oom", "rank=1,above=60,step=1")
+        r, log, checkpoint = self.train(
+            3, "oom", "--micro-batch-scope", "rank", "--inject-oom", "rank=1,above=60,step=1",
+            "--log-every", 1)
         self.assert_equals_reference(checkpoint)
         with h5py.File(log, "r") as f:
             ranks = f["oom/rank"][:]
@@ -250,6 +260,14 @@ class Documents(TempDirTest):
             self.assertEqual(int(most_rank[s]), pieces.index(max(pieces)), s)
         self.assertEqual(int(most_rank[2]), 1, expected)
         self.assertGreater(int(most[2]), int(acc[2]))
+        # Once the budgets differ, the progress line gives each rank's budget and micro-batches:
+        # "tokens 120,60,120 x 2,4,2".
+        budgets = rank_budgets(log)
+        for s in (1, 2):
+            text = ",".join(map(str, budgets[s][0])) + " x " + ",".join(map(str, expected[s]))
+            line = [x for x in r.stdout.splitlines() if x.startswith(f"step {s + 1}/3 ")]
+            self.assertEqual(len(line), 1, r.stdout)
+            self.assertIn(f"  tokens {text}  pad ", line[0])
         summary = autoaccum(1, "log", log).stdout
         self.assertRegex(summary, rf"the most on one rank {max(most)} \(rank 1, step \d\)")
 

@@ -83,11 +83,15 @@ class MixedRanks(TempDirTest):
 
     def test_three_ranks_with_sizes_that_do_not_divide_their_part_equal_pytorch(self):
         # 42 rows per rank: rank 0 ends at 10 (42 = 4 x 10 + 2), rank 1 at 21, rank 2 keeps 42.
-        _, log, checkpoint = self.train(3, "rank3", "--global-batch", 126, "--steps", 2,
+        r, log, checkpoint = self.train(3, "rank3", "--global-batch", 126, "--steps", 2,
                                         "--memory-limit", f"{SMALL},{MEDIUM},{LARGE}",
                                         "--micro-batch-scope", "rank",
-                                        "--micro-batch-search", "halve")
+                                        "--micro-batch-search", "halve", "--log-every", 1)
         self.assertEqual(self.final_sizes(log), [10, 21, 42])
+        # The progress line gives each rank's size and number of micro-batches: ceil(42 / size).
+        last = [line for line in r.stdout.splitlines() if line.startswith("step 2/2")]
+        self.assertEqual(len(last), 1, r.stdout)
+        self.assertIn("  m 10,21,42 x 5,2,1  ", last[0])
         self.assert_equals_pytorch(3, log, checkpoint, 126, 2)
 
     def test_a_slow_rank_gets_fewer_rows_and_the_result_equals_pytorch(self):
@@ -146,22 +150,31 @@ class MixedRanks(TempDirTest):
         # much of it does. A resumed run continues at the recorded sizes and follows later
         # changes of the shares with the memory models the checkpoint kept: no out-of-memory
         # after the resume (without them it took the whole share, which ran out).
-        common = ("--global-batch", 120, "--balance", "throughput", "--balance-every", 2,
-                  "--inject-slow", "rank=1,factor=4", "--log-every", 1, "--memory-limit",
-                  "1.25MiB")
-        self.train(2, "follow-resume", *common, "--steps", 5)
-        r, log, checkpoint = self.train(2, "follow-resume", *common, "--steps", 12, "--resume")
-        micro, parts, _ = um.rank_sizes(log)
-        with h5py.File(log, "r") as f:
-            self.assertEqual(list(f["steps/step"][:]), list(range(12)))
-            self.assertEqual([int(s) for s in f["oom/step"][:]], [], r.stdout)
-        # At the resume, the sizes it had.
-        self.assertEqual([micro(5, rank) for rank in (0, 1)], [micro(4, rank) for rank in (0, 1)])
-        for step in range(5, 12):
-            rows = [hi - lo for lo, hi in parts(step)]
-            self.assertLess(rows[1], 45, rows)
-            self.assertLess(micro(step, 0), rows[0], (step, rows))  # in more than one piece
-        self.assert_equals_pytorch(2, log, checkpoint, 120, 12)
+        # 2 MiB: the fast rank's size grows with its share past the even split (60 rows) and a
+        # resume keeps it there (it was cut back to 60 when the even split capped it).
+        for limit in ("1.25MiB", "2MiB"):
+            with self.subTest(limit=limit):
+                common = ("--global-batch", 120, "--balance", "throughput", "--balance-every",
+                          2, "--inject-slow", "rank=1,factor=4", "--log-every", 1,
+                          "--memory-limit", limit)
+                name = f"follow-resume-{limit}"
+                self.train(2, name, *common, "--steps", 5)
+                r, log, checkpoint = self.train(2, name, *common, "--steps", 12, "--resume")
+                micro, parts, _ = um.rank_sizes(log)
+                with h5py.File(log, "r") as f:
+                    self.assertEqual(list(f["steps/step"][:]), list(range(12)))
+                    self.assertEqual([int(s) for s in f["oom/step"][:]], [], r.stdout)
+                # At the resume, the sizes it had.
+                self.assertEqual([micro(5, rank) for rank in (0, 1)],
+                                 [micro(4, rank) for rank in (0, 1)])
+                for step in range(5, 12):
+                    rows = [hi - lo for lo, hi in parts(step)]
+                    self.assertLess(rows[1], 45, rows)
+                    if limit == "1.25MiB":  # in more than one piece
+                        self.assertLess(micro(step, 0), rows[0], (step, rows))
+                if limit == "2MiB":
+                    self.assertGreater(micro(4, 0), 60)
+                self.assert_equals_pytorch(2, log, checkpoint, 120, 12)
 
     def test_resume_on_another_number_of_ranks_continues_the_same_run(self):
         x, y = um.classification_data(240, (8,), 3, seed=9)

@@ -124,6 +124,21 @@ TEST(MicroBatchPolicy, FollowShareStaysWithinAPredictionAndBelowAFailure) {
   EXPECT_EQ(fixed.current(), 64);
 }
 
+TEST(MicroBatchPolicy, ResumeShareKeepsASizeGrownPastTheEvenShare) {
+  // Even share 60; the balanced share had grown to 85 and the size followed it to 74.
+  MicroBatchPolicy resumed(60, std::nullopt, 74);
+  EXPECT_EQ(resumed.current(), 60);  // capped by the even share alone
+  resumed.resume_share(85, 74);
+  EXPECT_EQ(resumed.current(), 74);
+  EXPECT_EQ(resumed.accumulation(85), 2);
+  resumed.resume_share(40, 74);  // a share below the size: runs it whole
+  EXPECT_EQ(resumed.current(), 40);
+  // A fixed size is not a resumed one.
+  MicroBatchPolicy fixed(60, 16);
+  fixed.resume_share(85, 74);
+  EXPECT_EQ(fixed.current(), 16);
+}
+
 TEST(MicroBatchPolicy, RegrowTriesTheSizeBeforeOnceAfterCleanSteps) {
   // A transient peak: 64 runs out once, 32 runs three clean steps, 64 is tried again and fits.
   MicroBatchPolicy transient(64, std::nullopt);

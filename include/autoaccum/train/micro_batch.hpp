@@ -50,6 +50,10 @@ class MicroBatchPolicy {
   // prediction, the whole share while nothing ran out, else no larger than now. Evened out over
   // the micro-batches it needs (384 rows at 300 run as 2 x 192). Returns true when it changed.
   bool follow_share(std::int64_t rows, std::optional<std::int64_t> predicted);
+  // Automatic mode, a resume under --balance throughput: the share `rows` the recorded `size`
+  // followed becomes the cap again, and the size is kept within it (a size grown past the even
+  // share stays as it was).
+  void resume_share(std::int64_t rows, std::int64_t size);
   // Micro-batches needed for `rows` rows: ceil(rows / current()).
   std::int64_t accumulation(std::int64_t rows) const noexcept;
 
@@ -112,6 +116,9 @@ class RankMicroBatches {
   // `predicted` holds one entry per rank. Returns the ranks whose size changed.
   std::vector<int> follow_shares(const std::vector<std::int64_t>& rows,
                                  const std::vector<std::optional<std::int64_t>>& predicted);
+  // A resume under --balance throughput: rank r's size sizes[r] within its share rows[r]
+  // (MicroBatchPolicy::resume_share).
+  void resume_shares(const std::vector<std::int64_t>& rows, const std::vector<std::int64_t>& sizes);
   // Automatic mode: every rank continues at its size in `sizes` (MicroBatchPolicy::start_at).
   void start_at(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& failed);
 

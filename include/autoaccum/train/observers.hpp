@@ -54,8 +54,8 @@ struct RankFigures {
   std::vector<std::int64_t> peak_bytes;     // the largest peak each has reported so far
   std::vector<std::int64_t> micro_batches;  // the size each used in the step
   std::vector<std::int64_t> rows;           // its part of the global batch
-  // Document data: each rank's micro-batches in the step (sizes are then token budgets).
-  std::vector<std::int64_t> pieces;
+  std::vector<std::int64_t> accumulation;   // how many micro-batches each ran in the step
+  bool documents = false;                   // document data: sizes are token budgets
 };
 
 // "64" or "64, 32" (a list of sizes for messages).
