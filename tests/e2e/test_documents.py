@@ -322,7 +322,7 @@ class Documents(TempDirTest):
 
     def test_balance_gives_a_slow_rank_fewer_tokens_and_stays_exact(self):
         _, log, checkpoint = self.train(2, "balance", "--balance", "throughput",
-                                        "--balance-every", 2, "--inject-slow", "rank=1,factor=4",
+                                        "--balance-every", 2, "--inject-slow", "rank=1,factor=20",
                                         "--micro-batch-tokens", 60, steps=6)
         self.assert_equals_reference(checkpoint, steps=6)
         with h5py.File(log, "r") as f:
@@ -331,7 +331,8 @@ class Documents(TempDirTest):
         lengths = [len(d) for d in self.docs]
         last = lengths[60:72]  # step 5: the sixth batch (--shuffle none)
         t0, t1 = sum(last[:rows0]), sum(last[rows0:])
-        # 4x slower per token: about a fifth of the tokens; even would be about half.
+        # 20x slower per token: about a twentieth of the tokens; even would be about half (a margin
+        # that holds when the machine is busy and the measured speeds come closer together).
         self.assertLess(t1, 0.6 * t0, (t0, t1))
 
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):

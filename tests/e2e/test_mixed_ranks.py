@@ -7,6 +7,7 @@ import unittest
 
 import h5py
 import numpy as np
+import torch
 
 import user_models as um
 from harness import TempDirTest, autoaccum
@@ -14,6 +15,15 @@ from harness import TempDirTest, autoaccum
 # ConvBnDropout(width=16) on 1x8x8 images: about 32 KiB + 16 KiB per row of a micro-batch
 # (measured: 16 rows 288 KiB, 32 rows 544 KiB, 64 rows 1056 KiB).
 SMALL, MEDIUM, LARGE = "300KiB", "600KiB", "1MiB"
+# A learning rate at which training is stable: at 0.1 the loss jumps from 1.7 to 7.4 in two steps
+# and a rounding difference of 1e-7 (PyTorch's order of sums against the all-reduce's) grows to
+# 5e-4 of the update in 12 steps, as large as a micro-batch cut one row differently (2e-3);
+# at 0.02 it stays at 3e-6. The comparison is the distance to PyTorch's parameters relative to
+# how far they moved (user_models.update_distance): EXACT sits 30x above that rounding and 20x
+# below one row cut differently at one step. Element by element, a weight near zero fails an
+# rtol on its rounding alone.
+LR = 0.02
+EXACT = 1e-4
 
 
 class MixedRanks(TempDirTest):
@@ -28,11 +38,13 @@ class MixedRanks(TempDirTest):
         # must walk exactly the micro-batches each rank walked.
         cls.model = um.save_scripted(um.ConvBnDropout(dropout=0.0, width=16),
                                      cls.path("cbn.pt"))
+        cls.initial = {n: p.detach().numpy().copy()
+                       for n, p in torch.jit.load(cls.model).named_parameters()}
 
     def train(self, ranks, name, *args):
         log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
         r = autoaccum(ranks, "train", "--data", self.data, "--model-file", self.model,
-                      "--threads", 1, "--shuffle", "none", "--lr", 0.1, "--momentum", 0,
+                      "--threads", 1, "--shuffle", "none", "--lr", LR, "--momentum", 0,
                       "--run-log", log, "--checkpoint", checkpoint, *args, timeout=120)
         self.assertEqual(r.returncode, 0, r)
         return r, log, checkpoint
@@ -48,8 +60,13 @@ class MixedRanks(TempDirTest):
         size_of, parts, _ = um.rank_sizes(log)
         reference = um.reference_steps(self.model, self.x, self.y, world=world,
                                        micro_batch=size_of, global_batch=global_batch,
-                                       steps=steps, lr=0.1, parts=parts)
-        um.assert_close_to_model(self, checkpoint, reference)
+                                       steps=steps, lr=LR, parts=parts)
+        params, buffers = um.checkpoint_tensors(checkpoint)
+        self.assertLess(um.update_distance(params, reference, self.initial), EXACT)
+        # BatchNorm's statistics: the mean over ranks of what each rank's micro-batches made.
+        for name, b in reference.named_buffers():
+            np.testing.assert_allclose(buffers[name].reshape(b.shape), b.numpy(), rtol=1e-4,
+                                       atol=1e-5, err_msg=name)
 
     def test_two_ranks_each_halve_to_their_own_limit_and_equal_pytorch(self):
         # 64 rows per rank: rank 0 (300 KiB) halves 64 -> 32 -> 16, rank 1 (600 KiB) only to 32.
@@ -100,15 +117,16 @@ class MixedRanks(TempDirTest):
                 r, log, checkpoint = self.train(
                     world, f"balance{world}", "--global-batch", 120, "--steps", 6,
                     "--micro-batch", 8, "--balance", "throughput", "--balance-every", 2,
-                    "--inject-slow", f"rank={slow},factor=4", "--log-every", 1)
+                    "--inject-slow", f"rank={slow},factor=20", "--log-every", 1)
                 self.assertIn("rows per rank", r.stdout)
                 _, parts, sizes = um.rank_sizes(log)
                 first, last = parts(0), parts(5)
                 self.assertEqual(first, um.rank_parts(120, world))
                 rows = [hi - lo for lo, hi in last]
                 self.assertEqual(sum(rows), 120)
-                # The slow rank does a quarter of the work per second: its share shrinks, and
-                # never below its micro-batch.
+                # The slow rank does a twentieth of the work per second: its share shrinks, and
+                # never below its micro-batch. (20x, not 2x: the shares follow measured speeds,
+                # and on a busy machine a rank whose core is shared runs 3-4x slower by itself.)
                 self.assertLess(rows[slow], 120 // world - 10, rows)
                 self.assertGreaterEqual(min(rows), 8, rows)
                 with h5py.File(log, "r") as f:
@@ -126,7 +144,7 @@ class MixedRanks(TempDirTest):
                 r, log, checkpoint = self.train(
                     2, f"follow-{name}", "--global-batch", 120, "--steps", 6,
                     "--balance", "throughput", "--balance-every", 2,
-                    "--inject-slow", "rank=1,factor=4", "--log-every", 1,
+                    "--inject-slow", "rank=1,factor=20", "--log-every", 1,
                     *(["--memory-limit", limit] if limit else []))
                 _, parts, _ = um.rank_sizes(log)
                 self.assertEqual(parts(0), [(0, 60), (60, 120)])
@@ -155,7 +173,7 @@ class MixedRanks(TempDirTest):
         for limit in ("1.25MiB", "2MiB"):
             with self.subTest(limit=limit):
                 common = ("--global-batch", 120, "--balance", "throughput", "--balance-every",
-                          2, "--inject-slow", "rank=1,factor=4", "--log-every", 1,
+                          2, "--inject-slow", "rank=1,factor=20", "--log-every", 1,
                           "--memory-limit", limit)
                 name = f"follow-resume-{limit}"
                 self.train(2, name, *common, "--steps", 5)
