@@ -476,15 +476,13 @@ TrainResult Trainer::run_steps() {
     RankFigures figures;
     for (int r = 0; r < s.world; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      const std::int64_t count =
-          s.documents() ? rank_pieces[i] : s.micro_batches->accumulation(r, step_shares[i]);
-      figures.accumulation.push_back(count);
-      if (r == 0) row.accumulation = count;
-      if (r == 0 || count > row.accumulation_max) {
-        row.accumulation_max = count;
-        row.accumulation_max_rank = r;
-      }
+      figures.accumulation.push_back(
+          s.documents() ? rank_pieces[i] : s.micro_batches->accumulation(r, step_shares[i]));
     }
+    const auto most = std::max_element(figures.accumulation.begin(), figures.accumulation.end());
+    row.accumulation = figures.accumulation.front();
+    row.accumulation_max = *most;  // max_element: the first, so the lowest such rank
+    row.accumulation_max_rank = static_cast<std::int64_t>(most - figures.accumulation.begin());
     row.tokens = step_tokens;
     row.padded_tokens = step_padded;
     row.loss = outcome.loss;
