@@ -234,7 +234,7 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
 // dataset + the attributes' bytes twice).
 std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
   std::int64_t data = optimizer_bytes;
-  std::int64_t datasets = 8;  // optimizer/state, the integer lists, the memory models, spare
+  std::int64_t datasets = 9;  // optimizer/state, the 4 integer lists, the memory models, spare
   std::int64_t names = 0;
   for (const auto* list : {&c.params, &c.buffers}) {
     for (const auto& [name, tensor] : *list) {
@@ -248,7 +248,7 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
     ++datasets;
   }
   data += 8 * static_cast<std::int64_t>(c.micro_batches.size() + c.shares.size() +
-                                        c.shares_after.size());
+                                        c.shares_after.size() + c.shares_followed.size());
   for (const auto& m : c.memory_models)  // 4 doubles a point, 3 a rank
     data += 8 * static_cast<std::int64_t>(m.points.size() / 3 * 4 + 3);
   std::int64_t longest = 0;  // the name lists are fixed-width strings
@@ -302,6 +302,7 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c) {
     write_integers(file, "micro_batches", c.micro_batches);
     write_integers(file, "shares", c.shares);
     write_integers(file, "shares_after", c.shares_after);
+    write_integers(file, "shares_followed", c.shares_followed);
     write_memory_models(file, c.memory_models);
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
@@ -386,6 +387,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.micro_batches = read_integers(file, "micro_batches");
   c.shares = read_integers(file, "shares");
   c.shares_after = read_integers(file, "shares_after");
+  c.shares_followed = read_integers(file, "shares_followed");
   c.memory_models = read_memory_models(file);
   c.world_size = file.read_int_attribute("world_size");
   c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));

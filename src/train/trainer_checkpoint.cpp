@@ -315,13 +315,15 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   if (options.balance && valid(c.shares) && valid(c.shares_after)) {
     shares->change(step, c.shares);
     shares->change(step + 1, c.shares_after);
-    // The recorded sizes already follow these shares: followed again only when they change,
-    // as in the interrupted run (a resumed run that followed them afresh would start from what
-    // its memory models say now, not from the sizes it had). A size grown past the even share
-    // into a larger one is kept: the share, not the even split, is its cap.
-    followed_shares = c.shares;
+    // The recorded sizes follow the shares they last followed (the step before's, when a
+    // change applies from this step; checkpoints older than shares_followed: taken to be this
+    // step's). They follow again only when the shares change, as in the interrupted run (a
+    // resumed run that followed them afresh would start from what its memory models say now,
+    // not from the sizes it had). A size grown past the even share into a larger one is kept:
+    // the share, not the even split, is its cap.
+    followed_shares = valid(c.shares_followed) ? c.shares_followed : c.shares;
     if (!documents() && static_cast<int>(saved.size()) == world)
-      micro_batches->resume_shares(c.shares, saved);
+      micro_batches->resume_shares(followed_shares, saved);
   } else if (options.balance && !c.shares.empty()) {
     say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
                         ") were for another number of ranks or global batch: the ranks start "
@@ -400,6 +402,7 @@ void Trainer::State::save_checkpoint() {
     if (options.balance) {
       c.shares = shares->shares(step);
       c.shares_after = shares->shares(step + 1);
+      if (sizes_follow_shares()) c.shares_followed = followed_shares;
     }
     for (std::size_t r = 0; r < memory_models.size(); ++r) {
       const MemoryModel::Record m = memory_models[r].record();

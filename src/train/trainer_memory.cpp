@@ -280,7 +280,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
 // nothing bounds it but an out-of-memory, which halves as ever. Every rank computes every
 // rank's sizes from the same shares and models: no collective.
 void Trainer::State::follow_shares() {
-  if (!options.balance || documents() || !micro_batches->automatic()) return;
+  if (!sizes_follow_shares()) return;
   const std::vector<std::int64_t> now = shares->shares(step);
   if (now == followed_shares) return;
   followed_shares = now;

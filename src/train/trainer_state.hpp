@@ -159,6 +159,9 @@ struct Trainer::State {
   // --balance throughput, rows, automatic micro-batch: each rank's size follows its share, as
   // far as its memory model says it fits; `followed_shares` is the split they last followed.
   void follow_shares();
+  bool sizes_follow_shares() const {
+    return options.balance && !documents() && micro_batches->automatic();
+  }
   std::vector<std::int64_t> followed_shares;
   std::unique_ptr<ShareSchedule> shares;  // every rank's rows of each step's batch
   SpeedWindow speed_window;               // --balance: rows and seconds since the last

@@ -194,6 +194,41 @@ class MixedRanks(TempDirTest):
                     self.assertGreater(micro(4, 0), 60)
                 self.assert_equals_pytorch(2, log, checkpoint, 120, 12)
 
+    def test_a_run_resumed_where_the_shares_change_follows_them_as_it_would_have(self):
+        # The checkpoint at step 3 is the first with the balanced shares (computed at step 2,
+        # applied from step 3): the sizes it holds followed the even split. The run dies in
+        # step 3 (a stalled rank, the watchdog), as a job killed between checkpoints would. The
+        # resumed run must follow the new shares at step 3 as the interrupted run would have:
+        # at 2 MiB the fast rank's size grows past the even split's 60 rows. Before the
+        # checkpoint kept the shares the sizes followed, the resumed run took them as
+        # following the new shares already and ran rank 0's share in micro-batches of 60.
+        common = ("--global-batch", 120, "--balance", "throughput", "--balance-every", 2,
+                  "--inject-slow", "rank=1,factor=20", "--log-every", 1,
+                  "--memory-limit", "2MiB", "--steps", 12)
+        name = "follow-at-change"
+        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        r = autoaccum(2, "train", "--data", self.data, "--model-file", self.model,
+                      "--threads", 1, "--shuffle", "none", "--lr", LR, "--momentum", 0,
+                      "--run-log", log, "--checkpoint", checkpoint, *common,
+                      "--checkpoint-every", 3, "--collective-timeout", 3,
+                      "--inject-stall", "rank=1,step=3,seconds=60", timeout=120)
+        self.assertEqual(r.returncode, 5, r)
+        with h5py.File(checkpoint, "r") as f:
+            self.assertEqual(int(f.attrs["step"]), 3)
+            shares = [int(n) for n in f["shares"][:]]
+            self.assertEqual([int(n) for n in f["shares_followed"][:]], [60, 60])
+            self.assertEqual([int(n) for n in f["micro_batches"][:]], [60, 60])
+        self.assertGreater(shares[0], 60)
+        r, log, checkpoint = self.train(2, name, *common, "--resume")
+        self.assertIn("resumed at step 3", r.stdout)
+        micro, parts, _ = um.rank_sizes(log)
+        with h5py.File(log, "r") as f:
+            self.assertEqual(list(f["steps/step"][:]), list(range(12)))
+            self.assertEqual([int(s) for s in f["oom/step"][:]], [], r.stdout)
+        self.assertEqual([hi - lo for lo, hi in parts(3)], shares)
+        self.assertGreater(micro(3, 0), 60)
+        self.assert_equals_pytorch(2, log, checkpoint, 120, 12)
+
     def test_resume_on_another_number_of_ranks_continues_the_same_run(self):
         x, y = um.classification_data(240, (8,), 3, seed=9)
         data = um.write_data(self.path("flat.h5"), x, y, classes=3)

@@ -106,5 +106,29 @@ TEST(Checkpoint, MemoryModelsRoundTripPerRankAndOlderFilesHaveNone) {
   std::remove(previous_checkpoint_path(path).c_str());
 }
 
+TEST(Checkpoint, PerRankSizesAndSharesRoundTripAndAnAbsentListReadsEmpty) {
+  const std::string path = "/tmp/autoaccum-unit-shares-" + std::to_string(::getpid()) + ".h5";
+  Checkpoint c;
+  c.params = {{"w", torch::ones({2})}};
+  c.world_size = 3;
+  c.micro_batches = {40, 7, 40};
+  c.shares = {50, 7, 63};
+  c.shares_after = {52, 6, 62};
+  c.shares_followed = {40, 40, 40};
+  write_checkpoint(path, c);
+  Checkpoint back = read_checkpoint(path);
+  EXPECT_EQ(back.micro_batches, c.micro_batches);
+  EXPECT_EQ(back.shares, c.shares);
+  EXPECT_EQ(back.shares_after, c.shares_after);
+  EXPECT_EQ(back.shares_followed, c.shares_followed);
+  c.shares_followed.clear();  // no automatic size followed the shares, or an older checkpoint
+  write_checkpoint(path, c);
+  back = read_checkpoint(path);
+  EXPECT_TRUE(back.shares_followed.empty());
+  EXPECT_EQ(back.shares, c.shares);
+  std::remove(path.c_str());
+  std::remove(previous_checkpoint_path(path).c_str());
+}
+
 }  // namespace
 }  // namespace autoaccum::io

@@ -39,6 +39,10 @@ struct Checkpoint {
   // changes apply a step late), at shares and shares_after; empty: the even split.
   std::vector<std::int64_t> shares;
   std::vector<std::int64_t> shares_after;
+  // The rows per rank the automatic micro-batches last followed (--balance with rows), at
+  // shares_followed: the step before's when the shares change at the next step, so a resumed
+  // run follows that change as the interrupted run would have; empty in older checkpoints.
+  std::vector<std::int64_t> shares_followed;
   std::int64_t world_size = 1;
   std::uint64_t seed = 0;
   DataOrder data;
