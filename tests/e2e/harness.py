@@ -48,6 +48,35 @@ def mpi_env(extra=None):
     return env
 
 
+def session_processes(sid):
+    """Process ids of the live (not zombie) processes of session `sid`, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                found.append(int(name))
+    return found
+
+
+def kill_session(job, seconds=30):
+    """SIGKILLs a job's mpiexec and every rank at once and waits until none is left. mpiexec
+    gives each rank a process group of its own, so killpg reached mpiexec alone: the orphaned
+    ranks ran on for 1-2 s (spinning in MPI beside the next test, writing a run log into a folder
+    being removed). `job` must have been started with start_new_session=True."""
+    subprocess.run(["pkill", "-9", "-s", str(job.pid)], check=False)
+    job.wait(timeout=seconds)
+    deadline = time.monotonic() + seconds
+    while session_processes(job.pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {session_processes(job.pid)} of the killed job "
+                               f"{job.pid} still run after {seconds} s")
+        time.sleep(0.05)
+
+
 def mpirun(ranks, program, *args, timeout=60, env=None):
     """Runs PROGRAM ARGS on RANKS ranks; a run past TIMEOUT is killed and fails the test."""
     command = [MPIEXEC, "--oversubscribe", "-n", str(ranks), program, *map(str, args)]

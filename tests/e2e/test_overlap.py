@@ -4,7 +4,6 @@ a rank runs out of memory in the forward or the backward pass of that micro-batc
 a signal in the middle of a step, or stalls (the watchdog names the bucket the others wait in).
 Results against PyTorch's own computation and against runs without overlap."""
 import os
-import re
 import signal
 import subprocess
 import unittest

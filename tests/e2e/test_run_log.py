@@ -7,7 +7,6 @@ import io
 import os
 import random
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -16,7 +15,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, synth, text, small_disk, mpi_env
+from harness import BIN, MPIEXEC, autoaccum, kill_session, synth, text, small_disk, mpi_env
 
 
 class RunLogIntegrity(unittest.TestCase):
@@ -66,9 +65,7 @@ class RunLogIntegrity(unittest.TestCase):
                     time.monotonic() < deadline:
                 time.sleep(0.02)
             time.sleep(rng.uniform(0.0, 0.8))
-            # mpiexec and every rank, at once (the ranks have process groups of their own).
-            subprocess.run(["pkill", "-9", "-s", str(job.pid)])
-            job.wait(timeout=30)
+            kill_session(job)  # mpiexec and every rank, at once
             self.assert_whole(log)
         # The log continues to a clean end: every step once, each resume recorded.
         with h5py.File(checkpoint, "r") as f:
@@ -101,8 +98,7 @@ class RunLogIntegrity(unittest.TestCase):
             time.sleep(2)  # steps take milliseconds: rank 1 is in its stall now
             self.assertIsNone(job.poll())
         finally:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+            kill_session(job)
         with h5py.File(checkpoint, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 4)
         np.testing.assert_array_equal(self.assert_whole(log), np.arange(4))

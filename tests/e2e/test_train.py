@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, small_disk, mpi_env
+from harness import BIN, MPIEXEC, autoaccum, kill_session, small_disk, mpi_env
 
 SCHEMA = {
     "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
@@ -256,8 +256,7 @@ class RunLogEndToEnd(Run):
                     pass  # between creation and the first flush, or mid-flush
             self.assertGreaterEqual(rows, 30, "the log should grow while the job runs")
         finally:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
+            kill_session(job)
         with h5py.File(log, "r") as f:
             n = len(f["steps/step"])
             self.assertGreaterEqual(n, rows)
@@ -469,7 +468,7 @@ class RankDies(Run):
             self.assertNotEqual(job.returncode, 0)
         finally:
             if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
+                kill_session(job)
         with h5py.File(log, "r") as f:
             self.assertGreater(len(f["steps/step"]), 0)
         with h5py.File(checkpoint, "r") as f:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import BIN, MPIEXEC, TempDirTest, autoaccum, mpi_env
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum, kill_session, mpi_env
 
 
 def signal_session(process, name):
@@ -329,9 +329,7 @@ class UserModels(TempDirTest):
             self.assertIsNone(first.poll(), "the first job must be untouched")
             self.assertGreaterEqual(os.path.getsize(log), before)
         finally:
-            signal_session(first, "KILL")
-            first.wait(timeout=30)
-            time.sleep(1)  # the ranks' exit releases their locks
+            kill_session(first)  # every rank gone: their exit released their locks
         # Killed without clean-up: its lock file stays, held by nobody.
         self.assertTrue(os.path.exists(log + ".lock"))
         # A writer killed mid-checkpoint leaves its temporary: the next holder removes it.
