@@ -8,7 +8,7 @@
 #   tests/repeat.sh PASSES REGEX [OUT]     e.g. tests/repeat.sh 20 'e2e\.(slurm|multinode)\.'
 #   tests/repeat.sh PASSES processes [OUT] the set counted for issue 29: every test that starts a
 #                                          Slurm or multi-node cluster, stops or kills processes,
-#                                          or waits on the watchdog (35 tests, ~12 min a pass)
+#                                          or waits on the watchdog (36 tests, ~12 min a pass)
 #
 # Run it in the build folder's parent (the checkout), after a build. Tests run one at a time:
 # the cluster tests share fixed namespaces and ports and must never overlap (not with CI either).
@@ -22,7 +22,7 @@ passes=$1 regex=$2 out=${3:-build/repeat}
 if [[ $regex == processes ]]; then
   regex='e2e\.(slurm|multinode|watchdog|faults)\.|RunLogEndToEnd\.test_(kill_9|a_reader|sigusr1|a_signal)'
   regex+='|RankDies|RunLogIntegrity\.test_(kill_9|a_run_that_dies)|LocalScript\.test_sigterm'
-  regex+='|WatchdogDeathTest|e2e\.overlap\.Overlap\.test_a_st'
+  regex+='|WatchdogDeathTest|e2e\.overlap\.Overlap\.test_a_st|MixedRanks\.test_a_run_resumed_where'
 fi
 mkdir -p "$out"
 count=$(ctest --test-dir build -N -R "$regex" | sed -n 's/^Total Tests: //p')
