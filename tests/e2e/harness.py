@@ -62,12 +62,18 @@ def session_processes(sid):
     return found
 
 
+def signal_session(job, name):
+    """Sends signal `name` (KILL, STOP, ...) to every process of `job`'s session: mpiexec puts
+    each rank in a process group of its own, so killpg would reach mpiexec alone."""
+    subprocess.run(["pkill", f"-{name}", "-s", str(job.pid)], check=False)
+
+
 def kill_session(job, seconds=30):
     """SIGKILLs a job's mpiexec and every rank at once and waits until none is left. mpiexec
     gives each rank a process group of its own, so killpg reached mpiexec alone: the orphaned
     ranks ran on for 1-2 s (spinning in MPI beside the next test, writing a run log into a folder
     being removed). `job` must have been started with start_new_session=True."""
-    subprocess.run(["pkill", "-9", "-s", str(job.pid)], check=False)
+    signal_session(job, "KILL")
     job.wait(timeout=seconds)
     deadline = time.monotonic() + seconds
     while session_processes(job.pid):

@@ -41,12 +41,12 @@ class MixedRanks(TempDirTest):
         cls.initial = {n: p.detach().numpy().copy()
                        for n, p in torch.jit.load(cls.model).named_parameters()}
 
-    def train(self, ranks, name, *args):
+    def train(self, ranks, name, *args, returncode=0):
         log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
         r = autoaccum(ranks, "train", "--data", self.data, "--model-file", self.model,
                       "--threads", 1, "--shuffle", "none", "--lr", LR, "--momentum", 0,
                       "--run-log", log, "--checkpoint", checkpoint, *args, timeout=120)
-        self.assertEqual(r.returncode, 0, r)
+        self.assertEqual(r.returncode, returncode, r)
         return r, log, checkpoint
 
     def final_sizes(self, log):
@@ -206,13 +206,9 @@ class MixedRanks(TempDirTest):
                   "--inject-slow", "rank=1,factor=20", "--log-every", 1,
                   "--memory-limit", "2MiB", "--steps", 12)
         name = "follow-at-change"
-        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
-        r = autoaccum(2, "train", "--data", self.data, "--model-file", self.model,
-                      "--threads", 1, "--shuffle", "none", "--lr", LR, "--momentum", 0,
-                      "--run-log", log, "--checkpoint", checkpoint, *common,
-                      "--checkpoint-every", 3, "--collective-timeout", 3,
-                      "--inject-stall", "rank=1,step=3,seconds=60", timeout=120)
-        self.assertEqual(r.returncode, 5, r)
+        _, _, checkpoint = self.train(2, name, *common, "--checkpoint-every", 3,
+                                      "--collective-timeout", 3,
+                                      "--inject-stall", "rank=1,step=3,seconds=60", returncode=5)
         with h5py.File(checkpoint, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 3)
             shares = [int(n) for n in f["shares"][:]]

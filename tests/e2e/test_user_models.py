@@ -13,13 +13,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import BIN, MPIEXEC, TempDirTest, autoaccum, kill_session, mpi_env
-
-
-def signal_session(process, name):
-    """Signals every process of `process`'s session: mpiexec puts each rank in a process group
-    of its own, so killpg would reach mpiexec alone."""
-    subprocess.run(["pkill", f"-{name}", "-s", str(process.pid)], check=False)
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum, kill_session, mpi_env, signal_session
 
 
 class UserModels(TempDirTest):
