@@ -221,11 +221,22 @@ class ResumeKeepsTheDataOrder(TempDirTest):
             self.assertEqual(int(f.attrs["data_global_batch_tokens"]), 64)
 
 
+def vector_widths():
+    """Two of LibTorch's CPU kernel sets that this CPU runs (ATEN_CPU_CAPABILITY): AVX2 and
+    AVX-512 where it has AVX-512, else the portable kernels and AVX2. Forcing AVX-512 on a CPU
+    without it ends the process with SIGILL (seen on an AVX2-only AMD EPYC)."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    return ("avx2", "avx512") if "avx512f" in flags else ("default", "avx2")
+
+
 class ReplicasStayEqual(TempDirTest):
     """Ranks on different hardware take every decision after the all-reduce alike: with
-    gradient clipping on every step, a rank whose LibTorch uses AVX2 kernels and one that uses
-    AVX-512 (whose norm() differs in the last bits: 288.63986 against 288.63983 for the same
-    83,000 values) keep bit-identical parameters, as each checkpoint's replica fingerprints say."""
+    gradient clipping on every step, ranks whose LibTorch uses kernels of different vector
+    widths (AVX2 against AVX-512: norm() differs in the last bits, 288.63986 against 288.63983
+    for the same 83,000 values; the portable kernels against AVX2 where AVX-512 is missing, whose
+    sum() differs: -200.94727 against -200.94577) keep bit-identical parameters, as each
+    checkpoint's replica fingerprints say."""
     prefix = "autoaccum-replicas-"
 
     def test_clipped_steps_leave_ranks_of_different_vector_width_bit_identical(self):
@@ -238,8 +249,9 @@ class ReplicasStayEqual(TempDirTest):
                 "--log-every", 0, "--checkpoint", checkpoint, "--checkpoint-every", 8]
         # Each rank picks its kernels by its rank (one program: Open MPI 5's launcher crashes
         # on an MPMD command line).
-        pick = ('if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then export ATEN_CPU_CAPABILITY=avx2; '
-                'else export ATEN_CPU_CAPABILITY=avx512; fi; exec "$0" "$@"')
+        first, second = vector_widths()
+        pick = (f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then export ATEN_CPU_CAPABILITY={first}; '
+                f'else export ATEN_CPU_CAPABILITY={second}; fi; exec "$0" "$@"')
         r = mpirun(2, "sh", "-c", pick, BIN, *args, timeout=180)
         self.assertEqual(r.returncode, 0, r)
         self.assertNotIn("drifted apart", r.stderr)
