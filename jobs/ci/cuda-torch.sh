@@ -103,9 +103,12 @@ fi
 [[ ${1:-} == --build ]] && exit 0
 
 # Every module's unit and MPI tests; end to end, what goes through LibTorch's API: scripted
-# models, precision, token losses, documents, memory predictions. Open MPI's and HDF5's side runs
-# on the two Debian platforms (jobs/ci/debian13.sh says which part on which), for CI's time.
-E2E="cli|torchscript|precision|token_loss|memory_model|documents|user_models|language_model"
+# models, precision, token losses, documents (memory predictions run on Debian 12). Open MPI's
+# and HDF5's side runs on the two Debian platforms (jobs/ci/debian13.sh says which part on
+# which), for CI's time.
+E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model"
 args=("$@")
-((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.)")
+# The trainer's MPI tests at 2 ranks (3 and 4 run on Debian 12): this LibTorch
+# spent 90% of their time in ATen's reference GEMM on an AVX2-only AMD EPYC, 110 s a world size.
+((${#args[@]})) || args=(-R "^(unit_|mpi_comm\.|mpi_trainer\.np2|gpu_|e2e\.($E2E)\.)")
 ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"
