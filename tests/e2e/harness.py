@@ -96,6 +96,12 @@ def autoaccum(ranks, *args, timeout=60, env=None):
     return mpirun(ranks, BIN, *args, timeout=timeout, env=env)
 
 
+def cpu_flags():
+    """This CPU's instruction-set flags (/proc/cpuinfo): tests that force or need a kernel set."""
+    with open("/proc/cpuinfo") as f:
+        return set(next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), []))
+
+
 def digest(path):
     """SHA-256 of a file's bytes: to show a file was left untouched."""
     with open(path, "rb") as f:

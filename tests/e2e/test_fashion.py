@@ -13,17 +13,12 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import autoaccum
+from harness import autoaccum, cpu_flags
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        return next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-
-
-NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
+NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @unittest.skipUnless(os.path.isdir(FASHION), "dataset-fashion-mnist is not installed")

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import BIN, TempDirTest, autoaccum, digest, mpirun, text
+from harness import BIN, TempDirTest, autoaccum, cpu_flags, digest, mpirun, text
 
 
 class ResumeKeepsTheDataOrder(TempDirTest):
@@ -225,9 +225,7 @@ def vector_widths():
     """Two of LibTorch's CPU kernel sets that this CPU runs (ATEN_CPU_CAPABILITY): AVX2 and
     AVX-512 where it has AVX-512, else the portable kernels and AVX2. Forcing AVX-512 on a CPU
     without it ends the process with SIGILL (seen on an AVX2-only AMD EPYC)."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-    return ("avx2", "avx512") if "avx512f" in flags else ("default", "avx2")
+    return ("avx2", "avx512") if "avx512f" in cpu_flags() else ("default", "avx2")
 
 
 class ReplicasStayEqual(TempDirTest):
