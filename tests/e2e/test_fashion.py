@@ -1,6 +1,6 @@
 """Fashion-MNIST end to end: 2 ranks, cnn, a memory limit that forces accumulation of at least
-4, test accuracy at least 0.88; bf16 settles on twice the rows, and (on a CPU with bf16
-instructions) ends within 0.5 points of fp32."""
+4, test accuracy at least 0.88; on a CPU with bf16 instructions, bf16 settles on twice the rows
+and ends within 0.5 points of fp32."""
 import os
 import shutil
 import tempfile

@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import BIN, FAULT_PROBE, autoaccum, preempt_and_requeue, text
+from harness import BIN, FAULT_PROBE, MPIEXEC, autoaccum, preempt_and_requeue, text
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MULTI = os.path.join(ROOT, "jobs", "slurm", "multi-node.sbatch")
@@ -36,7 +36,7 @@ HAVE = all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "munged", 
 # Open MPI 5 (Debian 13) is the one that crashed in MPI_Init under Slurm's tree fence: 40 starts
 # there, 10 with Open MPI 4.1 (Debian 12), which never did.
 OPEN_MPI_5 = bool(re.search(r"\(Open MPI\) 5\.", subprocess.run(
-    ["mpiexec", "--version"], capture_output=True, text=True).stdout))
+    [MPIEXEC, "--version"], capture_output=True, text=True).stdout))
 STARTS = 40 if OPEN_MPI_5 else 10
 
 
