@@ -110,6 +110,11 @@ TEST(Precision, TheBannerLineSaysWhatRunsInWhichPrecisionAndWhatTheProbeFound) {
             "precision bf16: forward and loss under autocast, parameters and gradients fp32; "
             "this CPU's bf16 matrix products run 1.1x as fast as fp32's (no fast bf16 here: "
             "expect little speed-up, only memory)");
+  // Emulated bf16 (an AVX2 CPU, LibTorch 2.11): a 512^3 product at 1/70 of fp32's speed.
+  EXPECT_EQ(describe_precision(Precision::kBf16, false, 0.014, ""),
+            "precision bf16: forward and loss under autocast, parameters and gradients fp32; "
+            "this CPU's bf16 matrix products run 0.01x as fast as fp32's (no fast bf16 here: "
+            "expect little speed-up, only memory)");
   EXPECT_EQ(describe_precision(Precision::kFp16, true, 12.5, ""),
             "precision fp16: forward and loss under autocast, parameters and gradients fp32; "
             "this GPU's fp16 matrix products run 12.5x as fast as fp32's");
