@@ -108,7 +108,5 @@ fi
 # which), for CI's time.
 E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model"
 args=("$@")
-# The trainer's MPI tests at 2 ranks (3 and 4 run on Debian 12): this LibTorch
-# spent 90% of their time in ATen's reference GEMM on an AVX2-only AMD EPYC, 110 s a world size.
-((${#args[@]})) || args=(-R "^(unit_|mpi_comm\.|mpi_trainer\.np2|gpu_|e2e\.($E2E)\.)")
+((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.)")
 ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"

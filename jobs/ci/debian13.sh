@@ -23,7 +23,7 @@ checkout=$(cd "$(dirname "$0")/../.." && pwd)
 root=${AUTOACCUM_DEBIAN13_ROOT:-/var/cache/autoaccum/debian13}
 mirror=${AUTOACCUM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 say() { echo "debian13: $*"; }
-SECOND_PLATFORM='^(unit_|mpi_comm\.|mpi_trainer\.np2|gpu_|e2e\.(cli|data|faults|mixed_ranks'
+SECOND_PLATFORM='^(unit_|mpi_|gpu_|e2e\.(cli|data|faults|mixed_ranks'
 SECOND_PLATFORM+='|outputs|overlap|resume|watchdog|precision|torchscript)\.|e2e\.multinode\.FourNodes\.'
 SECOND_PLATFORM+='|e2e\.train\.Checkpoints\.test_full_disk)'
 fail() {
@@ -88,11 +88,10 @@ if [[ "${1:-}" == "--run" ]]; then
   shift
   inner="$*"  # a shell command line
 else
-  # Without ctest arguments, what differs on this platform: every unit test, the MPI tests
-  # (the trainer's at 2 ranks: LibTorch 2.x takes 100-200 s a world size on an AVX2-only CPU),
-  # and end to end what runs on Open MPI 5 and HDF5 1.14 (faults, the watchdog, overlap's
-  # thread, resume and reshape, mixed ranks, four Slurm nodes' start-up, which crashed under
-  # Open MPI 5 alone, a full disk under a checkpoint, which crashed HDF5 1.14 alone) and
+  # Without ctest arguments, what differs on this platform: every unit and MPI test, and end
+  # to end what runs on Open MPI 5 and HDF5 1.14 (faults, the watchdog, overlap's thread,
+  # resume and reshape, mixed ranks, four Slurm nodes' start-up, which crashed under Open MPI 5
+  # alone, a full disk under a checkpoint, which crashed HDF5 1.14 alone) and
   # precision on LibTorch 2.6. The rest (the Slurm job scripts, two-node runs, Fashion-MNIST
   # accuracy, local.sh, train's CLI and signals, the run log's kill loops, documents, memory
   # predictions) runs on Debian 12 (tests/run.sh), the scripted models and documents on LibTorch
