@@ -318,7 +318,8 @@ Command train_command() {
   add("overlap", po::value<std::string>()->default_value("auto")->value_name("auto|on|off"),
       "all-reduce the gradients in buckets while the last micro-batch's backward pass runs, "
       "instead of after it (same sums, same out-of-memory agreement). auto: on when the ranks "
-      "span several nodes (CPU); on one node the all-reduce is shared memory and cheap");
+      "span several nodes (CPU); on one node the all-reduce is shared memory and cheap; on "
+      "GPUs (NCCL) only with on");
   add("bucket-mib", po::value<double>()->default_value(1, "1")->value_name("MIB"),
       "--overlap: gradient bytes per bucket (a larger parameter makes a bucket of its own)");
   add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE[,SIZE..]"),

@@ -13,6 +13,11 @@ void Communicator::allreduce_sum(double* data, std::size_t count, const char* wh
   do_allreduce_sum(data, count, what);
 }
 
+void Communicator::queue_allreduce_sum(float* data, std::size_t count, const char* what) {
+  ++data_allreduce_calls_;
+  do_queue_allreduce_sum(data, count, what);
+}
+
 std::int64_t Communicator::allreduce_max(std::int64_t value) {
   allreduce_max(&value, 1);
   return value;

@@ -266,22 +266,23 @@ void NcclCommunicator::set_compute_stream(void* stream) noexcept {
 
 namespace {
 
-void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
-                      ncclDataType_t type) {
+void cuda_check(int rank, cudaError_t status, const char* call) {
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw CommError("rank " + std::to_string(rank) + ": " + call +
+                    " around ncclAllReduce failed: " + cudaGetErrorString(status));
+  }
+}
+
+// Queues the sum on NCCL's stream after what the model's stream has queued (the backward pass
+// that wrote the buffer), on the device: no host synchronisation. Returns once NCCL has it on
+// its stream.
+void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
+                          ncclDataType_t type) {
   if (impl.aborted)
     throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
-  if (count == 0) return;
-  const auto cuda_check = [&](cudaError_t status, const char* call) {
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      throw CommError("rank " + std::to_string(rank) + ": " + call +
-                      " around ncclAllReduce failed: " + cudaGetErrorString(status));
-    }
-  };
-  // NCCL's stream starts after what the model's stream has queued (the backward pass that
-  // wrote the buffer), on the device: no host synchronisation.
-  cuda_check(cudaEventRecord(impl.produced, impl.compute_stream), "cudaEventRecord");
-  cuda_check(cudaStreamWaitEvent(impl.stream, impl.produced, 0), "cudaStreamWaitEvent");
+  cuda_check(rank, cudaEventRecord(impl.produced, impl.compute_stream), "cudaEventRecord");
+  cuda_check(rank, cudaStreamWaitEvent(impl.stream, impl.produced, 0), "cudaStreamWaitEvent");
   const ncclResult_t issued =
       ncclAllReduce(data, data, count, type, ncclSum, impl.comm, impl.stream);
   if (issued != ncclSuccess && issued != ncclInProgress) {
@@ -296,9 +297,22 @@ void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::s
       return state == ncclSuccess;
     });
   }
-  cuda_check(cudaEventRecord(impl.reduced, impl.stream), "cudaEventRecord");
+}
+
+void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
+                      ncclDataType_t type) {
+  if (count == 0) {
+    if (impl.aborted)
+      throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
+    return;
+  }
+  queue_on_nccl_stream(impl, rank, data, count, type);
+  // The event follows everything queued on NCCL's stream: this sum and the buckets queued
+  // before it (--overlap).
+  cuda_check(rank, cudaEventRecord(impl.reduced, impl.stream), "cudaEventRecord");
   // The model's stream reads the reduced buffer only after NCCL wrote it ...
-  cuda_check(cudaStreamWaitEvent(impl.compute_stream, impl.reduced, 0), "cudaStreamWaitEvent");
+  cuda_check(rank, cudaStreamWaitEvent(impl.compute_stream, impl.reduced, 0),
+             "cudaStreamWaitEvent");
   // ... and the host, which reads the agreed flags next, waits on the same event, with the
   // deadline: a peer that died shows as an event that never completes.
   wait_for(impl, "ncclAllReduce", rank, [&] {
@@ -318,6 +332,12 @@ void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::s
 void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count, const char* what) {
   const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllReduce(float, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat32);
+}
+
+void NcclCommunicator::do_queue_allreduce_sum(float* data, std::size_t count, const char* what) {
+  // The enqueue alone may wait (a non-blocking communicator's ncclInProgress).
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllReduce(float, sum) (queued)");
+  if (count > 0) queue_on_nccl_stream(*impl_, rank(), data, count, ncclFloat32);
 }
 
 void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count, const char* what) {
@@ -369,6 +389,7 @@ void NcclCommunicator::abort() noexcept {}
 void NcclCommunicator::set_compute_stream(void*) noexcept {}
 void NcclCommunicator::do_allreduce_sum(float*, std::size_t, const char*) {}
 void NcclCommunicator::do_allreduce_sum(double*, std::size_t, const char*) {}
+void NcclCommunicator::do_queue_allreduce_sum(float*, std::size_t, const char*) {}
 int NcclCommunicator::device() const noexcept {
   return -1;
 }

@@ -1,5 +1,6 @@
-// BucketedReduce: autograd hooks mark parameters ready; a communication thread all-reduces the
-// buckets in their fixed order.
+// BucketedReduce: autograd hooks mark parameters ready; the buckets are all-reduced in their
+// fixed order, by a communication thread (MPI: blocking collectives) or queued by the thread
+// that completed them (NCCL: collectives on a stream of their own).
 #include "autoaccum/train/bucketed_reduce.hpp"
 
 #include <torch/csrc/autograd/function.h>
@@ -43,6 +44,10 @@ std::vector<Bucket> cut_buckets(std::int64_t offset, const std::vector<std::int6
   return buckets;
 }
 
+std::string collective_name(const comm::Communicator& comm) {
+  return comm.backend() == "nccl" ? "ncclAllReduce(float, sum)" : "MPI_Allreduce(float, sum)";
+}
+
 struct BucketedReduce::Shared {
   comm::Communicator& comm;
   at::Tensor buffer;  // kept alive while the thread may still write into it
@@ -58,6 +63,7 @@ struct BucketedReduce::Shared {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::atomic<bool> armed{false};
   std::atomic<std::int64_t> twice{-1};  // a parameter whose gradient arrived twice, if any
+  bool queued = false;  // the communicator queues collectives: no thread, buckets go inline
 
   std::mutex mutex;
   std::condition_variable wake;
@@ -80,7 +86,29 @@ struct BucketedReduce::Shared {
     if (pending[b].fetch_sub(1) == 1) {
       const std::lock_guard<std::mutex> lock(mutex);
       ready[b] = 1;
-      wake.notify_all();
+      if (queued)
+        queue_ready();
+      else
+        wake.notify_all();
+    }
+  }
+
+  // Queued mode, with `mutex` held: queues every bucket that may go, in order. The calls
+  // return at once (the sums run on the device after the gradients they read), so they are
+  // made here, by the autograd thread that completed the bucket, or by finish().
+  void queue_ready() noexcept {
+    while (active && next < buckets.size() && ready[next]) {
+      const Bucket& bucket = buckets[next];
+      try {
+        comm.queue_allreduce_sum(base + bucket.offset, static_cast<std::size_t>(bucket.count),
+                                 labels[next].c_str());
+      } catch (...) {
+        error = std::current_exception();
+        next = buckets.size();  // the rank fails; no further bucket is sent
+        return;
+      }
+      if (!finishing) ++early;
+      ++next;
     }
   }
 
@@ -136,9 +164,14 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
 BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std::int64_t offset,
                                const std::vector<at::Tensor>& parameters, std::int64_t bucket_bytes)
     : shared_(std::make_shared<Shared>(comm, buffer)) {
-  if (buffer.device().type() != c10::kCPU || buffer.scalar_type() != at::kFloat)
-    throw std::logic_error("BucketedReduce: the buffer must be host float32");
   Shared& s = *shared_;
+  s.queued = comm.queues_collectives();
+  // A thread's blocking collective reads host memory: a device buffer written by kernels still
+  // queued when the hook runs would be read too early, so device buffers need queued sums.
+  if (buffer.scalar_type() != at::kFloat || (!s.queued && buffer.device().type() != c10::kCPU))
+    throw std::logic_error(
+        "BucketedReduce: the buffer must be float32, on the host unless the "
+        "communicator queues its collectives");
   s.base = buffer.data_ptr<float>();
   s.bucket_bytes = bucket_bytes;
   std::vector<std::int64_t> sizes;
@@ -149,7 +182,7 @@ BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std:
   for (std::size_t b = 0; b < s.buckets.size(); ++b) {
     for (std::size_t i = s.buckets[b].first; i < s.buckets[b].last; ++i)
       s.bucket_of[i] = b;
-    s.labels.push_back("MPI_Allreduce(float, sum) of gradient bucket " + std::to_string(b + 1) +
+    s.labels.push_back(collective_name(comm) + " of gradient bucket " + std::to_string(b + 1) +
                        " of " + std::to_string(s.buckets.size()));
   }
   s.pending = std::make_unique<std::atomic<int>[]>(s.buckets.size());
@@ -161,7 +194,7 @@ BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std:
     accumulator->add_post_hook(std::make_unique<ReadyHook>(shared_, i));
     s.accumulators.push_back(std::move(accumulator));
   }
-  s.thread = std::thread([shared = shared_] { shared->run(); });
+  if (!s.queued) s.thread = std::thread([shared = shared_] { shared->run(); });
 }
 
 BucketedReduce::~BucketedReduce() {
@@ -175,6 +208,7 @@ BucketedReduce::~BucketedReduce() {
   }
   // A thread inside a collective that the other ranks never join (this rank is failing) would
   // keep the process from ending: it is left to the job's abort, holding what it uses.
+  if (!s.thread.joinable()) return;
   if (blocked)
     s.thread.detach();
   else
@@ -183,6 +217,10 @@ BucketedReduce::~BucketedReduce() {
 
 const std::vector<Bucket>& BucketedReduce::buckets() const noexcept {
   return shared_->buckets;
+}
+
+bool BucketedReduce::queued() const noexcept {
+  return shared_->queued;
 }
 
 std::int64_t BucketedReduce::bucket_bytes() const noexcept {
@@ -234,8 +272,12 @@ void BucketedReduce::finish() {
   std::unique_lock<std::mutex> lock(s.mutex);
   s.finishing = true;
   std::fill(s.ready.begin(), s.ready.end(), 1);
-  s.wake.notify_all();
-  s.wake.wait(lock, [&] { return s.next >= s.buckets.size(); });
+  if (s.queued) {
+    s.queue_ready();
+  } else {
+    s.wake.notify_all();
+    s.wake.wait(lock, [&] { return s.next >= s.buckets.size(); });
+  }
   s.active = false;
   if (s.error) std::rethrow_exception(s.error);
   const std::int64_t twice = s.twice.load();

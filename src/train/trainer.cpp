@@ -244,7 +244,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     bucketed->finish();
     const auto tail = static_cast<std::size_t>(reduce->layout()[buffer_region].offset);
     reduce_comm().allreduce_sum(all + tail, floats - tail,
-                                "MPI_Allreduce(float, sum) of the step's control values");
+                                reduce_comm().backend() == "nccl"
+                                    ? "ncclAllReduce(float, sum) of the step's control values"
+                                    : "MPI_Allreduce(float, sum) of the step's control values");
   } else {
     reduce_comm().allreduce_sum(all, floats);
   }

@@ -17,14 +17,19 @@ namespace autoaccum::train {
 void Trainer::State::choose_overlap(const std::vector<at::Tensor>& bound) {
   const bool several_nodes = node_count() > 1;
   const std::string& asked = options.overlap;
-  bool overlap = asked == "on" || (asked == "auto" && several_nodes && world > 1);
+  // On a GPU, auto stays off until measured there; --overlap on queues the buckets on NCCL's
+  // stream (BucketedReduce's queued mode).
+  bool overlap =
+      asked == "on" || (asked == "auto" && several_nodes && world > 1 && !context.use_cuda);
   comm::collectively(comm, [&] {
-    if (asked == "on" && context.use_cuda) {
+    if (overlap && context.use_cuda && !reduce_comm().queues_collectives()) {
       throw UsageError(
-          "--overlap on: not available with --device cuda yet (the GPU path all-reduces after "
-          "the last backward pass); use --overlap off or auto");
+          "--overlap on with --device cuda: needs the NCCL backend (--backend "
+          "nccl or auto), whose collectives queue on a stream of their own; "
+          "--backend " +
+          options.backend + " gives " + std::string(reduce_comm().backend()));
     }
-    if (overlap && !reduce_comm().collectives_from_any_thread()) {
+    if (overlap && !context.use_cuda && !reduce_comm().collectives_from_any_thread()) {
       if (asked == "on") {
         throw UsageError(
             "--overlap on: the MPI library gave less than MPI_THREAD_SERIALIZED, so the "
@@ -33,7 +38,6 @@ void Trainer::State::choose_overlap(const std::vector<at::Tensor>& bound) {
       overlap = false;
     }
   });
-  if (context.use_cuda) overlap = false;
   if (!overlap) return;
   comm::collectively(comm, [&] {
     const auto bytes = static_cast<std::int64_t>(options.bucket_mib * 1024.0 * 1024.0);
@@ -81,7 +85,8 @@ std::string Trainer::State::overlap_text() const {
   std::ostringstream text;
   text << "overlapped with the last backward pass: " << bucketed->buckets().size()
        << " bucket(s) of " << memory::format_bytes(bucketed->bucket_bytes())
-       << " in reverse parameter order, then the step's control values";
+       << " in reverse parameter order" << (bucketed->queued() ? ", queued on NCCL's stream" : "")
+       << ", then the step's control values";
   return text.str();
 }
 

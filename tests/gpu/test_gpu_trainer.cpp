@@ -187,5 +187,48 @@ TEST_F(GpuTrainerTest, ACheckpointWrittenOnTheCpuResumesOnTheGpu) {
   EXPECT_TRUE(std::isfinite(r.final_loss));
 }
 
+// --overlap on with NCCL (docs/design.md, "Overlapped all-reduce"): the buckets are queued on
+// NCCL's stream by autograd's device thread during the last backward pass, the tail's wait
+// completes them. With an out-of-memory injected in that backward pass (the buckets already
+// queued, the rest sent at the attempt's end, the attempt dropped on every rank), the run equals
+// the one collective's: bit for bit at one rank (a one-GPU machine: NCCL refuses two ranks on a
+// GPU), to the last bits of NCCL's summation order with more.
+TEST_F(GpuTrainerTest, OverlapQueuedOnNcclsStreamEqualsTheOneCollective) {
+  if (!comm::nccl_built()) GTEST_SKIP() << "built without NCCL";
+  TrainOptions o = base(512 * world.size(), 4);
+  o.micro_batch = 128;
+  o.predict_micro_batch = false;
+  o.bucket_mib = 0.25;  // 784 x 512 floats make a bucket of their own; several buckets
+  o.inject_oom = {memory::OomInjection{world.size() - 1, 64, 1, true}};
+  const auto train = [&](const std::string& overlap) {
+    o.overlap = overlap;
+    o.run_log = dir + "/gpu-overlap-" + overlap + ".h5";
+    Trainer t(o, world);
+    const TrainResult r = t.run();
+    EXPECT_EQ(r.steps_done, 4) << overlap;
+    EXPECT_GT(r.oom_events, 0) << overlap;
+    EXPECT_EQ(r.final_micro_batch, 64) << overlap;
+    std::vector<at::Tensor> parameters;
+    for (const auto& p : t.model().parameters())
+      parameters.push_back(p.detach().to(at::kCPU));
+    return parameters;
+  };
+  const auto off = train("off");
+  const auto on = train("on");
+  if (world.rank() == 0) {
+    const auto log = io::read_run_log(dir + "/gpu-overlap-on.h5");
+    EXPECT_NE(log.attribute("overlap").find("queued on NCCL's stream"), std::string::npos)
+        << log.attribute("overlap");
+    EXPECT_GT(std::stod(log.attribute("gradient_buckets", "0")), 1);
+  }
+  ASSERT_EQ(on.size(), off.size());
+  for (std::size_t i = 0; i < on.size(); ++i) {
+    if (world.size() == 1)
+      EXPECT_TRUE(torch::equal(on[i], off[i])) << "parameter " << i;
+    else
+      EXPECT_LE(relative_error(on[i], off[i]), 1e-6) << "parameter " << i;
+  }
+}
+
 }  // namespace
 }  // namespace autoaccum::train

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "autoaccum/train/bucketed_reduce.hpp"
@@ -54,15 +55,18 @@ TEST(CutBuckets, EveryParameterOnceInOrderWithoutGaps) {
 }
 
 // A communicator of one rank that records each data-plane call and doubles the values (as if a
-// second rank had the same), so that a float sent twice or never shows.
+// second rank had the same), so that a float sent twice or never shows. Queued (as NCCL), it
+// says so and records which thread queued each sum and whether it came through the queue.
 class RecordingComm final : public comm::Communicator {
  public:
+  explicit RecordingComm(bool queued = false) : queued_(queued) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   int local_rank() const override { return 0; }
   int local_size() const override { return 1; }
   const std::vector<std::string>& hosts() const override { return hosts_; }
-  std::string_view backend() const override { return "recording"; }
+  std::string_view backend() const override { return queued_ ? "nccl" : "recording"; }
+  bool queues_collectives() const override { return queued_; }
   comm::MemoryKind buffer_memory() const override { return comm::MemoryKind::kHost; }
   void allreduce_max(std::int64_t*, std::size_t) override {}
   void allreduce_sum(std::int64_t*, std::size_t) override {}
@@ -76,6 +80,10 @@ class RecordingComm final : public comm::Communicator {
     const std::lock_guard<std::mutex> lock(mutex_);
     return calls_;
   }
+  std::vector<std::thread::id> threads() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return threads_;
+  }
   // Waits until `count` calls were made (false after 10 s).
   bool wait_for(std::size_t count) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -85,19 +93,28 @@ class RecordingComm final : public comm::Communicator {
 
  protected:
   void do_allreduce_sum(float* data, std::size_t count, const char* what) override {
+    record(data, count, what, "");
+  }
+  void do_queue_allreduce_sum(float* data, std::size_t count, const char* what) override {
+    record(data, count, what, "queued ");
+  }
+  void record(float* data, std::size_t count, const char* what, const std::string& how) {
     for (std::size_t i = 0; i < count; ++i)
       data[i] *= 2;
     const std::lock_guard<std::mutex> lock(mutex_);
-    calls_.emplace_back(what ? what : "unnamed");
+    calls_.push_back(how + (what ? what : "unnamed"));
+    threads_.push_back(std::this_thread::get_id());
     changed_.notify_all();
   }
   void do_allreduce_sum(double*, std::size_t, const char*) override {}
 
  private:
+  bool queued_;
   std::vector<std::string> hosts_{"here"};
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::string> calls_;
+  std::vector<std::thread::id> threads_;
 };
 
 // Runs `check` before the accumulator of `parameter` adds its gradient.
@@ -144,7 +161,16 @@ struct BoundBuffer {
   }
 };
 
-TEST(BucketedReduce, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoesOnce) {
+// Each test runs with a communication thread (MPI) and with sums queued inline (NCCL).
+class BucketedReduceModes : public testing::TestWithParam<bool> {
+ protected:
+  bool queued() const { return GetParam(); }
+  std::string prefix() const {
+    return queued() ? "queued ncclAllReduce(float, sum)" : "MPI_Allreduce(float, sum)";
+  }
+};
+
+TEST_P(BucketedReduceModes, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoesOnce) {
   ThreeLayers net;
   // Bound in reverse (as the trainer binds): w3, w2, w1, unused; w3's gradient comes first in
   // backward and in the buffer; each parameter a bucket of its own.
@@ -152,7 +178,7 @@ TEST(BucketedReduce, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoesOnce) 
   BoundBuffer bound_buffer(bound, 3);
   ReduceBuffer& buffer = *bound_buffer.buffer;
   const std::int64_t floats = bound_buffer.floats;
-  RecordingComm comm;
+  RecordingComm comm(queued());
   BucketedReduce reduce(comm, buffer.all(), 0, bound, 4);
   ASSERT_EQ(reduce.buckets().size(), 4u);
 
@@ -184,7 +210,7 @@ TEST(BucketedReduce, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoesOnce) 
     ASSERT_EQ(calls.size(), static_cast<std::size_t>(4 * (attempt + 1)));
     for (std::size_t b = 0; b < 4; ++b) {
       EXPECT_EQ(calls[4 * static_cast<std::size_t>(attempt) + b],
-                "MPI_Allreduce(float, sum) of gradient bucket " + std::to_string(b + 1) + " of 4");
+                prefix() + " of gradient bucket " + std::to_string(b + 1) + " of 4");
     }
     EXPECT_GE(reduce.sent_during_backward(), 2);
   }
@@ -213,14 +239,14 @@ TEST(BucketedReduce, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoesOnce) 
   EXPECT_TRUE(torch::equal(buffer.all().narrow(0, floats, 3), torch::zeros({3})));
 }
 
-TEST(BucketedReduce, AParameterTheLossDoesNotReachDoesNotHoldBackTheBucketsAfterIt) {
+TEST_P(BucketedReduceModes, AParameterTheLossDoesNotReachDoesNotHoldBackTheBucketsAfterIt) {
   // The unused parameter bound first: its bucket is the first to go, and must not wait for a
   // gradient that never comes (then no bucket would go before backward ends).
   ThreeLayers net;
   std::vector<at::Tensor> bound{net.parameters[0], net.parameters[3], net.parameters[2],
                                 net.parameters[1]};
   BoundBuffer bound_buffer(bound, 0);
-  RecordingComm comm;
+  RecordingComm comm(queued());
   BucketedReduce reduce(comm, bound_buffer.buffer->all(), 0, bound, 4);
   bool in_last = false, seen_before_last = false;
   auto accumulator = torch::autograd::impl::grad_accumulator(net.parameters[1]);
@@ -238,11 +264,11 @@ TEST(BucketedReduce, AParameterTheLossDoesNotReachDoesNotHoldBackTheBucketsAfter
   EXPECT_EQ(comm.calls().size(), 4u);
 }
 
-TEST(BucketedReduce, AnAttemptThatEndsEarlySendsEveryBucketInOrderAtFinish) {
+TEST_P(BucketedReduceModes, AnAttemptThatEndsEarlySendsEveryBucketInOrderAtFinish) {
   ThreeLayers net;
   std::vector<at::Tensor> bound(net.parameters.rbegin(), net.parameters.rend());
   BoundBuffer bound_buffer(bound, 0);
-  RecordingComm comm;
+  RecordingComm comm(queued());
   // One bucket holds them all.
   BucketedReduce reduce(comm, bound_buffer.buffer->all(), 0, bound, 1 << 20);
   ASSERT_EQ(reduce.buckets().size(), 1u);
@@ -257,6 +283,44 @@ TEST(BucketedReduce, AnAttemptThatEndsEarlySendsEveryBucketInOrderAtFinish) {
   reduce.finish();
   EXPECT_EQ(comm.calls().size(), 2u);
 }
+
+// Queued, no thread of its own: the buckets that went during backward were queued by the thread
+// that ran backward (on a CPU, the caller's; on a GPU, autograd's device thread), the rest by
+// finish()'s caller.
+TEST(BucketedReduce, QueuedSumsAreMadeByTheThreadsThatCompleteTheBuckets) {
+  ThreeLayers net;
+  std::vector<at::Tensor> bound(net.parameters.rbegin(), net.parameters.rend());
+  BoundBuffer bound_buffer(bound, 0);
+  RecordingComm comm(true);
+  BucketedReduce reduce(comm, bound_buffer.buffer->all(), 0, bound, 4);
+  ASSERT_EQ(reduce.buckets().size(), 4u);
+  reduce.begin();
+  const at::Tensor loss = net.loss(torch::randn({4, 8}));
+  reduce.arm(loss);
+  std::thread([&] { loss.backward(); }).join();
+  const auto during = comm.threads();
+  // w3, w2 and w1 complete their buckets during backward; the unused parameter's bucket (the
+  // last) can go only after them, so it goes from the hook of w1 as well.
+  EXPECT_EQ(during.size(), 4u);
+  EXPECT_EQ(reduce.sent_during_backward(), 4);
+  for (const auto& id : during)
+    EXPECT_NE(id, std::this_thread::get_id());
+  reduce.finish();
+  EXPECT_EQ(comm.calls().size(), 4u);
+  // Never armed (out of memory before the last backward): finish() queues them all, here.
+  reduce.begin();
+  reduce.finish();
+  const auto all = comm.threads();
+  ASSERT_EQ(all.size(), 8u);
+  for (std::size_t i = 4; i < 8; ++i)
+    EXPECT_EQ(all[i], std::this_thread::get_id());
+  EXPECT_EQ(reduce.sent_during_backward(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(ThreadAndQueued, BucketedReduceModes, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& mode) {
+                           return mode.param ? "Queued" : "Thread";
+                         });
 
 }  // namespace
 }  // namespace autoaccum::train

@@ -43,6 +43,15 @@ class Communicator {
   // Whether the collectives may be called from a thread other than the one that initialised
   // the library (one thread at a time): MPI_THREAD_SERIALIZED or more. --overlap needs it.
   virtual bool collectives_from_any_thread() const { return true; }
+  // Whether the data plane can queue a sum without waiting for it (queue_allreduce_sum): NCCL,
+  // whose collectives run on a stream of their own in the order they were issued. --overlap
+  // on a GPU sends its buckets so, from the autograd thread that completes them.
+  virtual bool queues_collectives() const { return false; }
+  // Data plane: an in-place sum that starts after the work already queued on the device (the
+  // gradients that the caller saw accumulated) and returns before it completes; the next
+  // allreduce_sum, which waits, is issued after it and so completes it first. Counted as a
+  // data-plane call. Backends that cannot queue (the default) sum at once, as allreduce_sum.
+  void queue_allreduce_sum(float* data, std::size_t count, const char* what = nullptr);
 
   // Control plane: in-place element-wise max / sum / min of small host integer arrays.
   virtual void allreduce_max(std::int64_t* values, std::size_t count) = 0;
@@ -71,6 +80,9 @@ class Communicator {
   // `what`: the caller's name for the collective, or null for the backend's own.
   virtual void do_allreduce_sum(float* data, std::size_t count, const char* what) = 0;
   virtual void do_allreduce_sum(double* data, std::size_t count, const char* what) = 0;
+  virtual void do_queue_allreduce_sum(float* data, std::size_t count, const char* what) {
+    do_allreduce_sum(data, count, what);
+  }
 
  private:
   std::atomic<std::uint64_t> data_allreduce_calls_{0};

@@ -32,6 +32,7 @@ class NcclCommunicator final : public Communicator {
   const std::vector<std::string>& hosts() const override { return control_->hosts(); }
   std::string_view backend() const override { return "nccl"; }
   MemoryKind buffer_memory() const override { return MemoryKind::kDevice; }
+  bool queues_collectives() const override { return true; }
 
   using Communicator::allreduce_max;
   using Communicator::allreduce_min;
@@ -62,6 +63,7 @@ class NcclCommunicator final : public Communicator {
  protected:
   void do_allreduce_sum(float* data, std::size_t count, const char* what) override;
   void do_allreduce_sum(double* data, std::size_t count, const char* what) override;
+  void do_queue_allreduce_sum(float* data, std::size_t count, const char* what) override;
 
  private:
   std::unique_ptr<MpiCommunicator> control_;

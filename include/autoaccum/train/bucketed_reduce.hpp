@@ -27,6 +27,9 @@ struct Bucket {
 std::vector<Bucket> cut_buckets(std::int64_t offset, const std::vector<std::int64_t>& sizes,
                                 std::int64_t bucket_floats);
 
+// How a timeout names `comm`'s float sum ("MPI_Allreduce(float, sum)", "ncclAllReduce(...)").
+std::string collective_name(const comm::Communicator& comm);
+
 // The protocol that keeps ranks safe (docs/design.md, "Overlapped all-reduce"): on every attempt
 // every rank issues the same collectives in the same order, bucket 1 to n of the gradient
 // region, then the step's tail (BatchNorm changes and the control values, which carry the
@@ -38,10 +41,15 @@ std::vector<Bucket> cut_buckets(std::int64_t offset, const std::vector<std::int6
 // buckets hold when the attempt ends (the tail's flags then make every rank drop the attempt, so
 // what a failed rank sent is never used). The sums are the same as the one collective's: with
 // two ranks they are bitwise equal.
+// With a communicator that queues its collectives (NCCL: Communicator::queues_collectives) there
+// is no thread: the autograd thread that completes a bucket queues its sum on NCCL's stream, after
+// the accumulation kernels already queued on the model's stream, and returns at once; the tail's
+// all-reduce, issued after every bucket on the same stream, is the one the host waits for.
 class BucketedReduce {
  public:
-  // `parameters`: bound into `buffer` (1-D float, on the host) one after the other from float
-  // `offset`, as ReduceBuffer::bind_gradients does. Starts the communication thread.
+  // `parameters`: bound into `buffer` (1-D float; on the host unless `comm` queues its
+  // collectives) one after the other from float `offset`, as ReduceBuffer::bind_gradients does.
+  // Starts the communication thread when `comm` does not queue.
   BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std::int64_t offset,
                  const std::vector<at::Tensor>& parameters, std::int64_t bucket_bytes);
   ~BucketedReduce();
@@ -50,6 +58,9 @@ class BucketedReduce {
 
   const std::vector<Bucket>& buckets() const noexcept;
   std::int64_t bucket_bytes() const noexcept;
+  // Whether the sums are queued (the communicator queues collectives) rather than made by the
+  // communication thread.
+  bool queued() const noexcept;
 
   // A new attempt: every bucket waits for its parameters (the buffer was zeroed).
   void begin();
