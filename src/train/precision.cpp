@@ -172,10 +172,10 @@ std::string describe_precision(Precision precision, bool on_gpu, double gemm_spe
 
 double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64_t n) {
   torch::NoGradGuard no_grad;
-  const auto operands = [&](c10::ScalarType type) {
+  const auto operands = [&](c10::ScalarType type, std::int64_t size) {
     const auto options = torch::TensorOptions().dtype(type).device(device);
     // Not randn: the probe must not draw from the generator that initialises the model.
-    at::Tensor a = torch::linspace(-1.0, 1.0, n * n, options).reshape({n, n});
+    at::Tensor a = torch::linspace(-1.0, 1.0, size * size, options).reshape({size, size});
     at::Tensor b = a.t().contiguous();
     return std::pair{a, b};
   };
@@ -184,35 +184,35 @@ double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64
     (void)a.mm(b).sum().item<double>();  // .item() waits for a GPU
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  // The best of `reps` products after a warm-up of two calls and at least `warm_ms`.
+  const auto best_of = [&](c10::ScalarType type, std::int64_t size, int warm_ms, int reps) {
+    const auto [a, b] = operands(type, size);
+    const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(warm_ms);
+    for (int call = 0; call < 2 || std::chrono::steady_clock::now() < warm_until; ++call)
+      (void)one_product(a, b);
+    double best = 1e30;
+    for (int rep = 0; rep < reps; ++rep)
+      best = std::min(best, one_product(a, b));
+    return std::max(best, 1e-9);
+  };
   // Warm-up, for at least 60 ms: on this project's CPUs the first four or five fp32 products
   // of a process run at less than half speed (kernel selection, first-touch pages, clocks),
   // which a single warm-up call left in the timing and doubled the reported ratio in about
   // half the runs (measured: 6.5 ms, then 2.8 ms per 512^3 product from the sixth on).
-  const auto best_after_warm_up = [&](const at::Tensor& a, const at::Tensor& b, int calls_made) {
-    const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(60);
-    for (int call = calls_made; call < 2 || std::chrono::steady_clock::now() < warm_until; ++call)
-      (void)one_product(a, b);
-    double best = 1e30;
-    for (int rep = 0; rep < 5; ++rep)
-      best = std::min(best, one_product(a, b));
-    return best;
-  };
-  double fp32 = 0;
-  {
-    const auto [a, b] = operands(c10::kFloat);
-    fp32 = std::max(best_after_warm_up(a, b, 0), 1e-9);
-  }
-  // A precision the device only emulates is 15-70x slower than fp32 (an AVX2 CPU without bf16
+  const double fp32 = best_of(c10::kFloat, n, 60, 5);
+  // A precision a CPU only emulates is 15-70x slower than fp32 (an AVX2 CPU without bf16
   // instructions: 53 ms per 512^3 bf16 product with LibTorch 1.13, 212 ms with 2.11, against
-  // 3 ms in fp32), and two warm-ups and five timed products of it added 0.4-1.5 s to every
-  // run's start. So its first product is timed alone, and when even that one ran at under a
-  // fifth of fp32's speed it is the answer: a first call is at most about twice as slow as
-  // later ones, so the ratio is far below the 1.5x at which bf16 pays, whatever more timing
-  // would add.
-  const auto [a, b] = operands(dtype);
-  const double first = one_product(a, b);
-  if (first > 5 * fp32) return fp32 / first;
-  return fp32 / std::max(best_after_warm_up(a, b, 1), 1e-9);
+  // 3 ms in fp32), and timing it at n (two warm-ups and five products) added 0.4-1.5 s to
+  // every run's start. So it is first compared at 128^3 (0.85 and 1.8 ms a product there,
+  // against 0.06 ms in fp32): at under a fifth of fp32's speed that ratio is the answer, far
+  // below the 1.5x at which bf16 pays. Fast bf16 and GPUs (where 128^3 only measures launches)
+  // go on to the full timing. Warmed up first, so that a first call's kernel selection or JIT
+  // compilation is not mistaken for emulation.
+  if (device.is_cpu() && n > 128) {
+    const double small = best_of(c10::kFloat, 128, 0, 3) / best_of(dtype, 128, 0, 3);
+    if (small < 0.2) return small;
+  }
+  return fp32 / best_of(dtype, n, 60, 5);
 }
 
 }  // namespace autoaccum::train
