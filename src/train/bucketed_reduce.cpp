@@ -44,9 +44,14 @@ std::vector<Bucket> cut_buckets(std::int64_t offset, const std::vector<std::int6
   return buckets;
 }
 
+namespace {
+
+// How a timeout names `comm`'s float sum.
 std::string collective_name(const comm::Communicator& comm) {
   return comm.backend() == "nccl" ? "ncclAllReduce(float, sum)" : "MPI_Allreduce(float, sum)";
 }
+
+}  // namespace
 
 struct BucketedReduce::Shared {
   comm::Communicator& comm;
@@ -55,6 +60,7 @@ struct BucketedReduce::Shared {
   std::int64_t bucket_bytes = 0;
   std::vector<Bucket> buckets;
   std::vector<std::string> labels;               // the watchdog's names of the collectives
+  std::string tail_label;                        // and of the step's tail, after them
   std::vector<std::size_t> bucket_of;            // parameter -> bucket
   std::unique_ptr<std::atomic<int>[]> pending;   // per bucket: parameters still to come
   std::unique_ptr<std::atomic<bool>[]> arrived;  // per parameter, in this attempt
@@ -185,6 +191,7 @@ BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std:
     s.labels.push_back(collective_name(comm) + " of gradient bucket " + std::to_string(b + 1) +
                        " of " + std::to_string(s.buckets.size()));
   }
+  s.tail_label = collective_name(comm) + " of the step's control values";
   s.pending = std::make_unique<std::atomic<int>[]>(s.buckets.size());
   s.arrived = std::make_unique<std::atomic<bool>[]>(parameters.size());
   s.ready.assign(s.buckets.size(), 0);
@@ -217,6 +224,10 @@ BucketedReduce::~BucketedReduce() {
 
 const std::vector<Bucket>& BucketedReduce::buckets() const noexcept {
   return shared_->buckets;
+}
+
+const char* BucketedReduce::tail_label() const noexcept {
+  return shared_->tail_label.c_str();
 }
 
 bool BucketedReduce::queued() const noexcept {

@@ -243,10 +243,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     // gradient region, which carries the flags every rank decides on.
     bucketed->finish();
     const auto tail = static_cast<std::size_t>(reduce->layout()[buffer_region].offset);
-    reduce_comm().allreduce_sum(all + tail, floats - tail,
-                                reduce_comm().backend() == "nccl"
-                                    ? "ncclAllReduce(float, sum) of the step's control values"
-                                    : "MPI_Allreduce(float, sum) of the step's control values");
+    reduce_comm().allreduce_sum(all + tail, floats - tail, bucketed->tail_label());
   } else {
     reduce_comm().allreduce_sum(all, floats);
   }

@@ -181,6 +181,9 @@ TEST_P(BucketedReduceModes, TheFirstBucketGoesBeforeBackwardEndsAndEveryFloatGoe
   RecordingComm comm(queued());
   BucketedReduce reduce(comm, buffer.all(), 0, bound, 4);
   ASSERT_EQ(reduce.buckets().size(), 4u);
+  EXPECT_EQ(std::string(reduce.tail_label()),
+            (queued() ? "ncclAllReduce(float, sum)" : "MPI_Allreduce(float, sum)") +
+                std::string(" of the step's control values"));
 
   // w1's gradient is the last one backward computes: by then the buckets of w3 and w2 (the
   // first two) must have gone, without waiting for finish().

@@ -27,9 +27,6 @@ struct Bucket {
 std::vector<Bucket> cut_buckets(std::int64_t offset, const std::vector<std::int64_t>& sizes,
                                 std::int64_t bucket_floats);
 
-// How a timeout names `comm`'s float sum ("MPI_Allreduce(float, sum)", "ncclAllReduce(...)").
-std::string collective_name(const comm::Communicator& comm);
-
 // The protocol that keeps ranks safe (docs/design.md, "Overlapped all-reduce"): on every attempt
 // every rank issues the same collectives in the same order, bucket 1 to n of the gradient
 // region, then the step's tail (BatchNorm changes and the control values, which carry the
@@ -58,6 +55,8 @@ class BucketedReduce {
 
   const std::vector<Bucket>& buckets() const noexcept;
   std::int64_t bucket_bytes() const noexcept;
+  // How a timeout names the step's tail, the collective after the buckets.
+  const char* tail_label() const noexcept;
   // Whether the sums are queued (the communicator queues collectives) rather than made by the
   // communication thread.
   bool queued() const noexcept;
