@@ -11,7 +11,8 @@
 #
 # The root is cached in $AUTOACCUM_DEBIAN13_ROOT (default /var/cache/autoaccum/debian13) and
 # reused while its package list is unchanged; its build folder and ccache stay with it, so a
-# second run rebuilds only what changed. The checkout is seen inside the root at /work/src with the
+# second run from the same checkout rebuilds only what changed (another checkout starts the
+# build folder afresh). The checkout is seen inside the root at /work/src with the
 # root's own build/ mounted over the checkout's: the checkout's Debian 12 build is never touched.
 # All mounts live in a private mount namespace and vanish when the script ends, however it ends.
 # Inside, the suite runs as `tests/run.sh` does on the main platform (jobs/setup.sh, configure,
@@ -75,6 +76,16 @@ mount --rbind /dev "$root/dev"
 mount -t tmpfs -o size=4g tmpfs "$root/dev/shm"
 mount -t tmpfs tmpfs "$root/tmp"
 mkdir -p "$root/work/src" "$root/work/build" "$checkout/build"
+# One build folder serves every checkout, and make compares times: objects built from another
+# checkout can be newer than this one's edited sources and be kept, stale (an edit made before
+# another checkout's build was not compiled, and the link failed). A build folder made from
+# another checkout starts afresh; ccache makes that a few minutes.
+stamp="$root/work/build/.checkout"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$checkout" ]]; then
+  [[ -f $stamp || -f $root/work/build/CMakeCache.txt ]] && say "build folder was another checkout's: building afresh"
+  find "$root/work/build" -mindepth 1 -delete
+  echo "$checkout" >"$stamp"
+fi
 mount --bind "$checkout" "$root/work/src"
 mount --bind "$root/work/build" "$root/work/src/build"
 if [[ -d /usr/local/cuda ]]; then
