@@ -274,13 +274,16 @@ void cuda_check(int rank, cudaError_t status, const char* call) {
   }
 }
 
+void throw_if_aborted(const NcclCommunicator::Impl& impl, int rank) {
+  if (impl.aborted)
+    throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
+}
+
 // Queues the sum on NCCL's stream after what the model's stream has queued (the backward pass
 // that wrote the buffer), on the device: no host synchronisation. Returns once NCCL has it on
 // its stream.
 void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
                           ncclDataType_t type) {
-  if (impl.aborted)
-    throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
   cuda_check(rank, cudaEventRecord(impl.produced, impl.compute_stream), "cudaEventRecord");
   cuda_check(rank, cudaStreamWaitEvent(impl.stream, impl.produced, 0), "cudaStreamWaitEvent");
   const ncclResult_t issued =
@@ -301,11 +304,8 @@ void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, void* data, st
 
 void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
                       ncclDataType_t type) {
-  if (count == 0) {
-    if (impl.aborted)
-      throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
-    return;
-  }
+  throw_if_aborted(impl, rank);
+  if (count == 0) return;
   queue_on_nccl_stream(impl, rank, data, count, type);
   // The event follows everything queued on NCCL's stream: this sum and the buckets queued
   // before it (--overlap).
@@ -337,6 +337,7 @@ void NcclCommunicator::do_allreduce_sum(float* data, std::size_t count, const ch
 void NcclCommunicator::do_queue_allreduce_sum(float* data, std::size_t count, const char* what) {
   // The enqueue alone may wait (a non-blocking communicator's ncclInProgress).
   const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllReduce(float, sum) (queued)");
+  throw_if_aborted(*impl_, rank());
   if (count > 0) queue_on_nccl_stream(*impl_, rank(), data, count, ncclFloat32);
 }
 

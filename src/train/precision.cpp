@@ -172,13 +172,6 @@ std::string describe_precision(Precision precision, bool on_gpu, double gemm_spe
 
 double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64_t n) {
   torch::NoGradGuard no_grad;
-  const auto operands = [&](c10::ScalarType type, std::int64_t size) {
-    const auto options = torch::TensorOptions().dtype(type).device(device);
-    // Not randn: the probe must not draw from the generator that initialises the model.
-    at::Tensor a = torch::linspace(-1.0, 1.0, size * size, options).reshape({size, size});
-    at::Tensor b = a.t().contiguous();
-    return std::pair{a, b};
-  };
   const auto one_product = [](const at::Tensor& a, const at::Tensor& b) {
     const auto start = std::chrono::steady_clock::now();
     (void)a.mm(b).sum().item<double>();  // .item() waits for a GPU
@@ -186,7 +179,10 @@ double gemm_speedup(c10::ScalarType dtype, const c10::Device& device, std::int64
   };
   // The best of `reps` products after a warm-up of two calls and at least `warm_ms`.
   const auto best_of = [&](c10::ScalarType type, std::int64_t size, int warm_ms, int reps) {
-    const auto [a, b] = operands(type, size);
+    const auto options = torch::TensorOptions().dtype(type).device(device);
+    // Not randn: the probe must not draw from the generator that initialises the model.
+    const at::Tensor a = torch::linspace(-1.0, 1.0, size * size, options).reshape({size, size});
+    const at::Tensor b = a.t().contiguous();
     const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(warm_ms);
     for (int call = 0; call < 2 || std::chrono::steady_clock::now() < warm_until; ++call)
       (void)one_product(a, b);
