@@ -384,6 +384,25 @@ def token_rate(steps, skip=3, per_row=None):
     return float(steps["tokens"][keep].sum() / steps["step_seconds"][keep].sum())
 
 
+def work_bounds(lengths, batch, per_micro, steps):
+    """What any plan can gain over DDP's on the first `steps` batches: DDP's work (each rank's
+    half in file order, `per_micro` documents per micro-batch padded to their longest) over the
+    documents' own, unpadded, once as tokens x width (what linear layers cost) and once as
+    tokens x width^2 (what attention's scores cost). A cost per micro-batch that mixes the two
+    gives a ratio between them, whatever the mix: beyond that only fewer micro-batches help."""
+    ddp_linear = ddp_square = own_linear = own_square = 0
+    for s in range(steps):
+        docs = lengths[s * batch:(s + 1) * batch].astype(np.float64)
+        own_linear += docs.sum()
+        own_square += (docs ** 2).sum()
+        for half in (docs[:batch // 2], docs[batch // 2:]):
+            for i in range(0, len(half), per_micro):
+                group = half[i:i + per_micro]
+                ddp_linear += len(group) * group.max()
+                ddp_square += len(group) * group.max() ** 2
+    return ddp_linear / own_linear, ddp_square / own_square
+
+
 def bench_documents(work, reps, results):
     """Issue 25: documents of every length. The GPT on Debian's fortunes as documents (up to 256
     bytes), 2 ranks x 1 thread, one memory limit: autoaccum's automatic token budget against
@@ -403,11 +422,13 @@ def bench_documents(work, reps, results):
     run(["/usr/bin/python3", os.path.join(ROOT, "jobs", "models", "gpt.py"), "--out", model]
         + [a for k, v in DOCS.items() for a in (f"--{k}", v)])
     with h5py.File(data, "r") as f:
-        longest = int(np.diff(f["offsets"][:]).max())
+        lengths = np.diff(f["offsets"][:])
+    longest = int(lengths.max())
     raw = {k: [] for k in ("auto", "ddp", "ratio", "padding", "ddp_padding", "windows",
-                           "windows_ratio", "best", "best_ratio", "memory", "memory_ratio",
+                           "bound_linear", "bound_square", "ddp_pieces",
+                           "windows_ratio", "memory", "memory_ratio",
                            "memory_padding", "pieces", "memory_pieces")}
-    finals, per_micro, fixed_fits = [], [], {}
+    finals, per_micro, fixed_fits, fixed_rates = [], [], {}, {}
     for rep in range(reps):
         auto = train_documents(work, data, model, "auto")
         budget = auto["final"]
@@ -421,6 +442,7 @@ def bench_documents(work, reps, results):
         fields = r.stdout.split()
         d, d_padding = float(fields[1]), float(fields[3])
         padding = 1 - auto["tokens"].sum() / auto["padded_tokens"].sum()
+        bound_linear, bound_square = work_bounds(lengths, DOCS_BATCH, k, DOCS_STEPS)
         win = train_documents(work, windows, model, None,
                               extra=["--global-batch", DOCS_BATCH // 2, "--micro-batch", "auto"])
         w = token_rate(win, per_row=DOCS["context"])
@@ -428,7 +450,9 @@ def bench_documents(work, reps, results):
         mem = train_documents(work, data, model, "auto", extra=["--token-cost", "memory"])
         m = token_rate(mem)
         m_padding = 1 - mem["tokens"].sum() / mem["padded_tokens"].sum()
-        # The sweep: fixed budgets around the one auto found, under the same limit.
+        # The sweep: fixed budgets around the one auto found, under the same limit. The best is
+        # chosen by its median over the repetitions, not per repetition: the largest of a few
+        # noisy rates would favour the sweep.
         fixed = {}
         for b in sorted({budget // 2, budget, budget * 3 // 2, budget * 2}):
             if b < longest or fixed_fits.get(b) is False:
@@ -437,25 +461,32 @@ def bench_documents(work, reps, results):
             fixed_fits[b] = got is not None
             if got is not None:
                 fixed[b] = token_rate(got)
-        best = max(fixed, key=fixed.get)
+                fixed_rates.setdefault(b, []).append(fixed[b])
         finals.append(budget)
         per_micro.append(k)
         for key, value in (("auto", a), ("ddp", d), ("ratio", a / d), ("padding", padding),
                            ("ddp_padding", d_padding), ("windows", w), ("windows_ratio", a / w),
-                           ("best", fixed[best]), ("best_ratio", a / fixed[best]),
                            ("memory", m), ("memory_ratio", m / a), ("memory_padding", m_padding),
+                           ("bound_linear", bound_linear), ("bound_square", bound_square),
+                           ("ddp_pieces", float(-(-(DOCS_BATCH // RANKS) // k))),
                            ("pieces", float(auto["accumulation"].mean())),
                            ("memory_pieces", float(mem["accumulation"].mean()))):
             raw[key].append(value)
         log(f"  rep {rep + 1}/{reps}: auto settled at {budget} tokens: {a:.0f} tokens/s, "
             f"padding {100 * padding:.1f}%; DDP at {k} documents per micro-batch: {d:.0f} "
-            f"tokens/s (padding {100 * d_padding:.1f}%), ratio {a / d:.2f}; best fixed {best}: "
-            f"{fixed[best]:.0f} (auto/best {a / fixed[best]:.3f}); windows of {DOCS['context']}: "
+            f"tokens/s (padding {100 * d_padding:.1f}%), ratio {a / d:.2f}; fixed budgets: "
+            + ", ".join(f"{b}: {v:.0f}" for b, v in fixed.items()) + f"; windows of {DOCS['context']}: "
             f"{w:.0f} tokens/s; --token-cost memory {m:.0f} tokens/s (x{m / a:.3f}), padding "
             f"{100 * m_padding:.1f}%")
+    best = max(fixed_rates, key=lambda b: statistics.median(fixed_rates[b]))
+    raw["best"] = fixed_rates[best]
     results["documents"] = {k: spread(v) for k, v in raw.items()}
+    results["documents"]["best_ratio"] = {
+        "median": statistics.median(raw["auto"]) / statistics.median(fixed_rates[best]),
+        "min": min(raw["auto"]) / max(fixed_rates[best]),
+        "max": max(raw["auto"]) / min(fixed_rates[best])}
     results["documents"].update({"finals": finals, "per_micro": per_micro, "reps": reps,
-                                 "longest": longest, "limit": DOCS_LIMIT,
+                                 "longest": longest, "limit": DOCS_LIMIT, "best_budget": best,
                                  "fits": {str(b): ok for b, ok in sorted(fixed_fits.items())}})
 
 
@@ -484,6 +515,10 @@ def render_documents(results):
              f"| autoaccum padding | {fmt(r['padding'], 1, 100, '%')} | <= 5% | "
              f"{met(r['padding']['median'] <= 0.05)} |",
              f"| DDP padding | {fmt(r['ddp_padding'], 1, 100, '%')} | | |",
+             f"| DDP's work over the documents' own, as tokens x width / as tokens x width^2 | "
+             f"{fmt(r['bound_linear'])} / {fmt(r['bound_square'])} | reported | |",
+             f"| micro-batches per step on rank 0, autoaccum / DDP | {fmt(r['pieces'], 1)} / "
+             f"{fmt(r['ddp_pieces'], 0)} | reported | |",
              f"| auto / best fixed budget | {fmt(r['best_ratio'], 3)} | >= 0.95 | "
              f"{met(r['best_ratio']['median'] >= 0.95)} |",
              f"| autoaccum on documents / on windows of {DOCS['context']} | "
@@ -496,7 +531,8 @@ def render_documents(results):
              f"| padding with `--token-cost memory` | {fmt(r['memory_padding'], 1, 100, '%')} | "
              "reported | |", "",
              "Fixed budgets tried under the same limit: " + ", ".join(
-                 f"{b} ({'fits' if ok else 'OOM'})" for b, ok in r["fits"].items()) + "."]
+                 f"{b} ({'fits' if ok else 'OOM'})" for b, ok in r["fits"].items()) +
+             f"; the best by its median: {r['best_budget']}, {fmt(r['best'], 0)} tokens/s."]
     return "\n".join(lines) + "\n"
 
 
