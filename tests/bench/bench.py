@@ -475,9 +475,9 @@ def bench_documents(work, reps, results):
         log(f"  rep {rep + 1}/{reps}: auto settled at {budget} tokens: {a:.0f} tokens/s, "
             f"padding {100 * padding:.1f}%; DDP at {k} documents per micro-batch: {d:.0f} "
             f"tokens/s (padding {100 * d_padding:.1f}%), ratio {a / d:.2f}; fixed budgets: "
-            + ", ".join(f"{b}: {v:.0f}" for b, v in fixed.items()) + f"; windows of {DOCS['context']}: "
-            f"{w:.0f} tokens/s; --token-cost memory {m:.0f} tokens/s (x{m / a:.3f}), padding "
-            f"{100 * m_padding:.1f}%")
+            + ", ".join(f"{b}: {v:.0f}" for b, v in fixed.items())
+            + f"; windows of {DOCS['context']}: {w:.0f} tokens/s; --token-cost memory {m:.0f} "
+            f"tokens/s (x{m / a:.3f}), padding {100 * m_padding:.1f}%")
     best = max(fixed_rates, key=lambda b: statistics.median(fixed_rates[b]))
     raw["best"] = fixed_rates[best]
     results["documents"] = {k: spread(v) for k, v in raw.items()}
