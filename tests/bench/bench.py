@@ -384,23 +384,27 @@ def token_rate(steps, skip=3, per_row=None):
     return float(steps["tokens"][keep].sum() / steps["step_seconds"][keep].sum())
 
 
-def work_bounds(lengths, batch, per_micro, steps):
-    """What any plan can gain over DDP's on the first `steps` batches: DDP's work (each rank's
-    half in file order, `per_micro` documents per micro-batch padded to their longest) over the
-    documents' own, unpadded, once as tokens x width (what linear layers cost) and once as
-    tokens x width^2 (what attention's scores cost). A cost per micro-batch that mixes the two
-    gives a ratio between them, whatever the mix: beyond that only fewer micro-batches help."""
-    ddp_linear = ddp_square = own_linear = own_square = 0
+def work_bounds(lengths, batch, per_micro, steps, ranks=RANKS):
+    """DDP's plan on the first `steps` batches (each rank's equal share in file order,
+    `per_micro` documents per micro-batch padded to their longest) against the documents' own,
+    unpadded: its work over theirs, once as tokens x width (what linear layers cost) and once as
+    tokens x width^2 (what attention's scores cost), and its micro-batches per step on a rank.
+    A cost per micro-batch that mixes the two gives a ratio between them, whatever the mix:
+    beyond that only fewer micro-batches help."""
+    ddp_linear = ddp_square = own_linear = own_square = pieces = 0
+    share = batch // ranks
     for s in range(steps):
         docs = lengths[s * batch:(s + 1) * batch].astype(np.float64)
         own_linear += docs.sum()
         own_square += (docs ** 2).sum()
-        for half in (docs[:batch // 2], docs[batch // 2:]):
-            for i in range(0, len(half), per_micro):
-                group = half[i:i + per_micro]
+        for r in range(ranks):
+            mine = docs[r * share:(r + 1) * share]
+            for i in range(0, len(mine), per_micro):
+                group = mine[i:i + per_micro]
                 ddp_linear += len(group) * group.max()
                 ddp_square += len(group) * group.max() ** 2
-    return ddp_linear / own_linear, ddp_square / own_square
+                pieces += 1
+    return ddp_linear / own_linear, ddp_square / own_square, pieces / (steps * ranks)
 
 
 def bench_documents(work, reps, results):
@@ -442,7 +446,7 @@ def bench_documents(work, reps, results):
         fields = r.stdout.split()
         d, d_padding = float(fields[1]), float(fields[3])
         padding = 1 - auto["tokens"].sum() / auto["padded_tokens"].sum()
-        bound_linear, bound_square = work_bounds(lengths, DOCS_BATCH, k, DOCS_STEPS)
+        bound_linear, bound_square, ddp_pieces = work_bounds(lengths, DOCS_BATCH, k, DOCS_STEPS)
         win = train_documents(work, windows, model, None,
                               extra=["--global-batch", DOCS_BATCH // 2, "--micro-batch", "auto"])
         w = token_rate(win, per_row=DOCS["context"])
@@ -468,7 +472,7 @@ def bench_documents(work, reps, results):
                            ("ddp_padding", d_padding), ("windows", w), ("windows_ratio", a / w),
                            ("memory", m), ("memory_ratio", m / a), ("memory_padding", m_padding),
                            ("bound_linear", bound_linear), ("bound_square", bound_square),
-                           ("ddp_pieces", float(-(-(DOCS_BATCH // RANKS) // k))),
+                           ("ddp_pieces", ddp_pieces),
                            ("pieces", float(auto["accumulation"].mean())),
                            ("memory_pieces", float(mem["accumulation"].mean()))):
             raw[key].append(value)
