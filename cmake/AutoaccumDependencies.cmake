@@ -6,6 +6,15 @@ find_package(MPI REQUIRED COMPONENTS C CXX)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
 find_package(ZLIB REQUIRED)
+# xxHash (Debian's libxxhash-dev): the checksums of checkpoints and data files.
+find_path(XXHASH_INCLUDE_DIR xxhash.h HINTS $ENV{XXHASH_HOME}/include)
+find_library(XXHASH_LIBRARY xxhash HINTS $ENV{XXHASH_HOME}/lib)
+if(NOT XXHASH_INCLUDE_DIR OR NOT XXHASH_LIBRARY)
+  message(FATAL_ERROR "xxHash not found: install libxxhash-dev (jobs/setup.sh), or set XXHASH_HOME")
+endif()
+add_library(autoaccum_xxhash INTERFACE)
+target_include_directories(autoaccum_xxhash SYSTEM INTERFACE ${XXHASH_INCLUDE_DIR})
+target_link_libraries(autoaccum_xxhash INTERFACE ${XXHASH_LIBRARY})
 find_package(Threads REQUIRED)
 
 # CUDA code paths need a LibTorch built with CUDA (libc10_cuda); Debian's is CPU-only.

@@ -13,8 +13,8 @@ packages=(
   libhdf5-dev hdf5-tools
   libboost-program-options-dev
   libgtest-dev googletest libbenchmark-dev
-  zlib1g-dev
-  python3 python3-venv python3-h5py python3-torch python3-torchvision python3-numpy python3-matplotlib
+  zlib1g-dev libxxhash-dev
+  python3 python3-venv python3-h5py python3-torch python3-torchvision python3-numpy python3-matplotlib python3-xxhash
   slurmctld slurmd slurm-client munge iproute2
   dataset-fashion-mnist fortunes
 )

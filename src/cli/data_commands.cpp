@@ -1,12 +1,17 @@
 // import, synth and inspect: the data subcommands. Rank 0 does the file work; every rank agrees.
+#include <chrono>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/checksum.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/data/importers.hpp"
 #include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/hdf5/checksums.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
+#include "autoaccum/io/checkpoint.hpp"
 #include "commands.hpp"
 
 namespace po = boost::program_options;
@@ -31,6 +36,74 @@ int on_root(comm::Communicator& world, const std::function<void()>& work) {
     if (world.rank() == 0) work();
   });
   return 0;
+}
+
+// `inspect` of a checkpoint: reads it whole as --resume would, verifying every dataset.
+void inspect_checkpoint(const std::string& path) {
+  const io::Checkpoint c = io::read_checkpoint(path);  // CheckpointDamaged names the dataset
+  std::int64_t values = 0;
+  for (const auto& [name, tensor] : c.params)
+    values += tensor.numel();
+  std::cout << path << "\n  autoaccum checkpoint after step " << c.step << " (epoch " << c.epoch
+            << "), written by " << c.world_size << " rank(s), micro-batch " << c.micro_batch
+            << "\n  " << c.params.size() << " parameter tensors (" << values << " values), "
+            << c.buffers.size() << " buffers, optimizer state " << c.optimizer.size()
+            << " bytes\n";
+  if (c.verified)
+    std::cout << "  verified: " << c.verified_datasets
+              << " datasets and the attributes match their checksums" << std::endl;
+  else
+    std::cout << "  not verified: written before autoaccum stored checksums" << std::endl;
+}
+
+// `inspect` of a data file: every dataset that carries a checksum is read whole and compared;
+// a progress line every quarter on files over 256 MiB.
+void verify_data_checksums(const hdf5::File& file, const std::string& path) {
+  std::vector<std::pair<hdf5::Dataset, std::int64_t>> checked;  // and its bytes
+  std::int64_t total = 0;
+  for (const auto& name : file.dataset_names()) {
+    hdf5::Dataset dataset = file.dataset(name);
+    if (!dataset.string_attribute(kChecksumAttribute)) continue;
+    std::int64_t bytes = hdf5::element_bytes(dataset.dtype());
+    for (const auto dim : dataset.shape())
+      bytes *= dim;
+    total += bytes;
+    checked.emplace_back(std::move(dataset), bytes);
+  }
+  if (checked.empty()) {
+    std::cout << "  checksums: none stored (written before autoaccum stored them, or by another "
+                 "tool): not verified"
+              << std::endl;
+    return;
+  }
+  const bool report = total > (std::int64_t{256} << 20);
+  std::int64_t before = 0;
+  int quarters = 0;
+  std::string names;
+  for (const auto& [dataset, bytes] : checked) {
+    const auto progress = [&](std::int64_t done) {
+      if (!report) return;
+      const auto reached = static_cast<int>(4 * (before + done) / total);
+      if (reached > quarters && reached < 4) {
+        quarters = reached;
+        std::cout << "  verifying checksums: " << 25 * reached << "% of "
+                  << std::setprecision(3) << static_cast<double>(total) / (1 << 30) << " GiB"
+                  << std::endl;
+      }
+    };
+    const auto actual = hdf5::data_checksum(dataset, progress);
+    const hdf5::Verdict verdict = actual ? hdf5::verify_checksum(dataset, *actual)
+                                         : hdf5::Verdict::kUnknownAlgorithm;
+    if (verdict == hdf5::Verdict::kDamaged)
+      throw InputError("'" + path + "' is damaged: dataset '" + dataset.name() +
+                       "' does not match its checksum");
+    if (verdict != hdf5::Verdict::kVerified)
+      throw InputError("'" + path + "': dataset '" + dataset.name() +
+                       "' has a checksum this autoaccum cannot check");
+    before += bytes;
+    names += (names.empty() ? "" : ", ") + dataset.name();
+  }
+  std::cout << "  checksums: verified (" << names << ")" << std::endl;
 }
 
 }  // namespace
@@ -143,8 +216,10 @@ Command synth_command() {
 Command inspect_command() {
   Command c;
   c.name = "inspect";
-  c.summary = "Validate a training file and print its datasets, shapes, types and attributes.";
-  c.usage = "autoaccum inspect FILE [--inputs x] [--targets y]";
+  c.summary =
+      "Validate a training file (datasets, shapes, types, attributes, checksums), or verify a "
+      "checkpoint.";
+  c.usage = "autoaccum inspect FILE|CHECKPOINT [--inputs x] [--targets y]";
   c.options.add_options()("file", po::value<std::string>()->required()->value_name("FILE"),
                           "HDF5 training file")(
       "inputs", po::value<std::string>()->default_value("x")->value_name("A[,B]"),
@@ -155,6 +230,11 @@ Command inspect_command() {
     return on_root(world, [&] {
       const std::string path = vm["file"].as<std::string>();
       auto file = hdf5::File::open(path);
+      if (file.has_attribute("format") &&
+          file.read_string_attribute("format") == "autoaccum.checkpoint") {
+        inspect_checkpoint(path);
+        return;
+      }
       std::cout << path << "\n  datasets:\n";
       for (const auto& name : file.dataset_names()) {
         const auto dataset = file.dataset(name);
@@ -175,6 +255,7 @@ Command inspect_command() {
         std::cout << "    " << name << " = " << file.describe_attribute(name) << "\n";
       }
       std::cout.flush();
+      verify_data_checksums(file, path);
       const auto inputs = split_list(vm["inputs"].as<std::string>());
       data::SlabReader reader({path}, inputs, vm["targets"].as<std::string>());
       const auto& schema = reader.schema();

@@ -31,8 +31,11 @@ Command export_command() {
                                 {{"--out", out}});
       const auto summary = train::export_scripted(vm["checkpoint"].as<std::string>(),
                                                   vm["model-file"].as<std::string>(), out);
-      std::cout << "exported " << summary.tensors << " tensors from step " << summary.step << " to "
-                << out << " (eval mode; torch.jit.load(\"" << out << "\") in Python)" << std::endl;
+      std::cout << "exported " << summary.tensors << " tensors from step " << summary.step
+                << (summary.verified ? " (checksums verified)"
+                                     : " (written before checksums: not verified)")
+                << " to " << out << " (eval mode; torch.jit.load(\"" << out << "\") in Python)"
+                << std::endl;
     });
     return 0;
   };

@@ -128,6 +128,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const auto resumed_ranks = values(log, "resumes", "world_size");
   const auto resumed_batch = values(log, "resumes", "global_batch");
   const auto reshaped = values(log, "resumes", "reshaped");
+  const auto resumed_from = log.attribute_list("resume_checkpoints");
+  const auto resume_skipped = log.attribute_list("resume_skipped");
   for (std::size_t i = 0; i < resumed_at.size(); ++i) {
     out << "  resumed at step " << integer(resumed_at[i]);
     if (i < resumed_ranks.size() && resumed_ranks[i] > 0)
@@ -136,7 +138,10 @@ void print_summary(const RunLogData& log, std::ostream& out) {
       out << ", global batch " << integer(resumed_batch[i]);
     if (i < reshaped.size() && reshaped[i] > 0)
       out << " (--resume-reshape: a new data order from this epoch on)";
+    if (i < resumed_from.size() && !resumed_from[i].empty()) out << ", from " << resumed_from[i];
     out << "\n";
+    if (i < resume_skipped.size() && !resume_skipped[i].empty())
+      out << "    skipped: " << resume_skipped[i] << "\n";
   }
   // Checkpoints (schema 9): how many, the last, and what writing them cost.
   const auto saved_at = values(log, "checkpoints", "step");

@@ -206,6 +206,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
+  o.keep_checkpoints = vm["keep-checkpoints"].as<std::int64_t>();
+  if (o.keep_checkpoints < 1 || o.keep_checkpoints > 1000)
+    throw UsageError("--keep-checkpoints: must be between 1 and 1000 (got " +
+                     std::to_string(o.keep_checkpoints) + ")");
   o.resume = vm["resume"].as<bool>();
   o.resume_reshape = vm["resume-reshape"].as<bool>();
   if (o.resume_reshape) o.resume = true;
@@ -351,6 +355,9 @@ Command train_command() {
   add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");
   add("checkpoint-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "write a checkpoint every N steps (and always at the end)");
+  add("keep-checkpoints", po::value<std::int64_t>()->default_value(2)->value_name("N"),
+      "keep the last N checkpoints: --checkpoint names the newest, older ones are named by "
+      "their step (c.h5 -> c.step40.h5); --resume goes back to the newest that verifies");
   add("dry-run", po::bool_switch()->default_value(false),
       "set up, measure two micro-batches per rank and print the micro-batch each rank is "
       "predicted to hold under its memory limit and the largest global batch without "

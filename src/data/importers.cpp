@@ -13,8 +13,10 @@
 #include <iterator>
 
 #include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/checksum.hpp"
 #include "autoaccum/core/distinct_paths.hpp"
 #include "autoaccum/core/splitmix.hpp"
+#include "autoaccum/hdf5/checksums.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::data {
@@ -154,10 +156,9 @@ std::vector<std::string> import_fashion_mnist(const std::string& source_dir,
     write_atomically(out, [&](const std::string& temporary) {
       auto file = hdf5::File::create(temporary);
       const std::int64_t n = images.shape[0];
-      file.create_dataset("x", hdf5::DType::kUInt8, {n, 1, images.shape[1], images.shape[2]})
-          .write_rows(0, n, hdf5::DType::kUInt8, images.values.data());
-      file.create_dataset("y", hdf5::DType::kInt64, {n})
-          .write_rows(0, n, hdf5::DType::kInt64, y.data());
+      hdf5::write_with_checksum(file, "x", hdf5::DType::kUInt8,
+                                {n, 1, images.shape[1], images.shape[2]}, images.values.data());
+      hdf5::write_with_checksum(file, "y", hdf5::DType::kInt64, {n}, y.data());
       file.write_attribute("num_classes", std::int64_t{10});
       file.write_attribute("class_names", kFashionClasses);
       file.write_attribute("source", images_path);
@@ -224,12 +225,11 @@ void write_windows(const std::string& path, const std::vector<std::uint8_t>& byt
   write_atomically(path, [&](const std::string& temporary) {
     auto file = hdf5::File::create(temporary);
     {
-      auto inputs = file.create_dataset("x", hdf5::DType::kUInt8, {windows, context});
-      inputs.write_rows(0, windows, hdf5::DType::kUInt8, x.data());
+      auto inputs =
+          hdf5::write_with_checksum(file, "x", hdf5::DType::kUInt8, {windows, context}, x.data());
       inputs.write_attribute("encoding", std::string("integer"));
     }
-    file.create_dataset("y", hdf5::DType::kInt64, {windows, context})
-        .write_rows(0, windows, hdf5::DType::kInt64, y.data());
+    hdf5::write_with_checksum(file, "y", hdf5::DType::kInt64, {windows, context}, y.data());
     file.write_attribute("num_classes", std::int64_t{256});
     file.write_attribute("tokens", std::string("bytes"));
     file.write_attribute("source", source);
@@ -337,15 +337,13 @@ void write_documents(const std::string& path, const std::vector<std::string>& do
   write_atomically(path, [&](const std::string& temporary) {
     auto file = hdf5::File::create(temporary);
     {
-      auto set = file.create_dataset("tokens", hdf5::DType::kUInt8,
-                                     {static_cast<std::int64_t>(tokens.size())});
-      set.write_rows(0, static_cast<std::int64_t>(tokens.size()), hdf5::DType::kUInt8,
-                     tokens.data());
+      auto set = hdf5::write_with_checksum(file, "tokens", hdf5::DType::kUInt8,
+                                           {static_cast<std::int64_t>(tokens.size())},
+                                           tokens.data());
       set.write_attribute("encoding", std::string("integer"));
     }
-    file.create_dataset("offsets", hdf5::DType::kInt64, {static_cast<std::int64_t>(offsets.size())})
-        .write_rows(0, static_cast<std::int64_t>(offsets.size()), hdf5::DType::kInt64,
-                    offsets.data());
+    hdf5::write_with_checksum(file, "offsets", hdf5::DType::kInt64,
+                              {static_cast<std::int64_t>(offsets.size())}, offsets.data());
     file.write_attribute("num_classes", std::int64_t{256});
     file.write_attribute("tokens", std::string("bytes"));
     file.write_attribute("documents", split);
@@ -418,6 +416,7 @@ void write_synthetic(const SynthOptions& o) {
     // Each piece has its own stream, so the content does not depend on rows_per_write.
     std::vector<float> xs;
     std::vector<std::int64_t> ys;
+    Checksum x_sum, y_sum;
     for (std::int64_t first = 0; first < o.rows; first += o.rows_per_write) {
       const std::int64_t count = std::min(o.rows_per_write, o.rows - first);
       xs.resize(static_cast<std::size_t>(count * o.features));
@@ -435,7 +434,11 @@ void write_synthetic(const SynthOptions& o) {
       }
       x.write_rows(first, count, hdf5::DType::kFloat32, xs.data());
       y.write_rows(first, count, hdf5::DType::kInt64, ys.data());
+      x_sum.add(xs.data(), xs.size() * sizeof(float));
+      y_sum.add(ys.data(), ys.size() * sizeof(std::int64_t));
     }
+    x.write_attribute(kChecksumAttribute, x_sum.text());
+    y.write_attribute(kChecksumAttribute, y_sum.text());
     file.write_attribute("num_classes", o.classes);
     file.write_attribute("seed", static_cast<std::int64_t>(o.seed));
     file.write_attribute("generator", std::string("autoaccum synth"));

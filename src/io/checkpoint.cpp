@@ -4,11 +4,17 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/checksum.hpp"
 #include "autoaccum/core/error.hpp"
+#include "autoaccum/hdf5/checksums.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
 
 namespace autoaccum::io {
@@ -82,9 +88,15 @@ void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& t
   std::vector<std::int64_t> shape(source.sizes().begin(), source.sizes().end());
   if (shape.empty()) shape = {1};
   auto dataset = file.create_dataset(name, dtype, shape);
-  if (source.numel() == 0) return;
+  Checksum sum;
+  if (source.numel() == 0) {
+    dataset.write_attribute(kChecksumAttribute, sum.text());
+    return;
+  }
   if (source.is_cpu() && source.is_contiguous() && source.scalar_type() == type) {
     dataset.write_rows(0, shape[0], dtype, source.data_ptr());
+    sum.add(source.data_ptr(), static_cast<std::size_t>(source.nbytes()));
+    dataset.write_attribute(kChecksumAttribute, sum.text());
     return;
   }
   const at::Tensor rows = source.reshape({shape[0], -1});
@@ -95,10 +107,56 @@ void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& t
     const std::int64_t count = std::min(step, shape[0] - first);
     const at::Tensor piece = rows.narrow(0, first, count).to(at::kCPU).to(type).contiguous();
     dataset.write_rows(first, count, dtype, piece.data_ptr());
+    sum.add(piece.data_ptr(), static_cast<std::size_t>(piece.nbytes()));
   }
+  dataset.write_attribute(kChecksumAttribute, sum.text());
 }
 
-at::Tensor read_tensor(const hdf5::File& file, const std::string& name) {
+// Checks each dataset read against the checksum written beside it. A file whose root carries
+// a checksum was written with them, and then every dataset must match its own; in a file from
+// before checksums, nothing is checked (and the checkpoint reads as unverified).
+class Verifier {
+ public:
+  Verifier(const hdf5::File& file, const std::string& path)
+      : path_(path), required_(file.has_attribute(kChecksumAttribute)) {
+    if (!required_) return;
+    const std::string stored = file.read_string_attribute(kChecksumAttribute);
+    if (stored != hdf5::attributes_checksum(file))
+      throw CheckpointDamaged("checkpoint '" + path_ +
+                              "' is damaged: its attributes (step, tensor names, data order) do "
+                              "not match their checksum");
+  }
+  // `data`, `bytes`: the dataset's elements just read, as memory holds them.
+  void check(const hdf5::Dataset& dataset, const void* data, std::size_t bytes) {
+    if (!required_) return;
+    const char* problem = nullptr;
+    switch (hdf5::verify_checksum(dataset, Checksum::of(data, bytes))) {
+      case hdf5::Verdict::kVerified:
+        ++checked_;
+        return;
+      case hdf5::Verdict::kDamaged:
+        problem = "does not match its checksum";
+        break;
+      case hdf5::Verdict::kNoChecksum:
+        problem = "has no checksum";
+        break;
+      case hdf5::Verdict::kUnknownAlgorithm:
+        problem = "has a checksum of a kind this autoaccum does not know";
+        break;
+    }
+    throw CheckpointDamaged("checkpoint '" + path_ + "' is damaged: dataset '" + dataset.name() +
+                            "' " + problem);
+  }
+  bool verified() const { return required_; }
+  std::int64_t checked() const { return checked_; }
+
+ private:
+  std::string path_;
+  bool required_;
+  std::int64_t checked_ = 0;
+};
+
+at::Tensor read_tensor(const hdf5::File& file, const std::string& name, Verifier& verifier) {
   auto dataset = file.dataset(name);
   const auto shape = dataset.shape();
   const auto type = dataset.dtype();
@@ -106,6 +164,7 @@ at::Tensor read_tensor(const hdf5::File& file, const std::string& name) {
     throw InputError("'" + file.path() + "', dataset '" + name + "' has an unsupported type");
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(scalar_of(type)));
   if (t.numel() > 0) dataset.read_rows(0, shape.at(0), type, t.data_ptr());
+  verifier.check(dataset, t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
   return t;
 }
 
@@ -125,6 +184,18 @@ void write_integers(hdf5::File& file, const std::string& name,
       file.create_dataset(name, hdf5::DType::kInt64, {static_cast<std::int64_t>(values.size())});
   dataset.write_rows(0, static_cast<std::int64_t>(values.size()), hdf5::DType::kInt64,
                      values.data());
+  dataset.write_attribute(kChecksumAttribute,
+                          Checksum::of(values.data(), values.size() * sizeof(std::int64_t)));
+}
+
+// A dataset of bytes (an opaque state) with its checksum.
+void write_bytes(hdf5::File& file, const std::string& name, const std::string& bytes) {
+  auto dataset =
+      file.create_dataset(name, hdf5::DType::kUInt8, {static_cast<std::int64_t>(bytes.size())});
+  if (!bytes.empty())
+    dataset.write_rows(0, static_cast<std::int64_t>(bytes.size()), hdf5::DType::kUInt8,
+                       bytes.data());
+  dataset.write_attribute(kChecksumAttribute, Checksum::of(bytes.data(), bytes.size()));
 }
 
 // memory_model/points [n, 4] and memory_model/ranks [W, 3], float64 (see Checkpoint).
@@ -140,12 +211,15 @@ void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryM
   const auto rows = static_cast<std::int64_t>(points.size() / 4);
   auto p = file.create_dataset("memory_model/points", hdf5::DType::kFloat64, {rows, 4});
   if (rows > 0) p.write_rows(0, rows, hdf5::DType::kFloat64, points.data());
+  p.write_attribute(kChecksumAttribute, Checksum::of(points.data(), points.size() * 8));
   const auto world = static_cast<std::int64_t>(m.size());
-  file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 3})
-      .write_rows(0, world, hdf5::DType::kFloat64, ranks.data());
+  auto r = file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 3});
+  r.write_rows(0, world, hdf5::DType::kFloat64, ranks.data());
+  r.write_attribute(kChecksumAttribute, Checksum::of(ranks.data(), ranks.size() * 8));
 }
 
-std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file) {
+std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
+                                                               Verifier& verifier) {
   std::vector<Checkpoint::MemoryModelRecord> m;
   if (!file.has_dataset("memory_model/ranks") || !file.has_dataset("memory_model/points")) return m;
   auto ranks = file.dataset("memory_model/ranks");
@@ -158,6 +232,8 @@ std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file) 
       p(static_cast<std::size_t>(point_shape[0] * 4));
   if (!r.empty()) ranks.read_rows(0, rank_shape[0], hdf5::DType::kFloat64, r.data());
   if (!p.empty()) points.read_rows(0, point_shape[0], hdf5::DType::kFloat64, p.data());
+  verifier.check(ranks, r.data(), r.size() * 8);
+  verifier.check(points, p.data(), p.size() * 8);
   m.resize(static_cast<std::size_t>(rank_shape[0]));
   for (std::size_t i = 0; i < m.size(); ++i)
     m[i] = Checkpoint::MemoryModelRecord{{}, r[3 * i], r[3 * i + 1], r[3 * i + 2]};
@@ -172,7 +248,8 @@ std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file) 
   return m;
 }
 
-std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& name) {
+std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& name,
+                                        Verifier& verifier) {
   std::vector<std::int64_t> values;
   if (!file.has_dataset(name)) return values;
   auto dataset = file.dataset(name);
@@ -180,7 +257,19 @@ std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& nam
   if (!values.empty())
     dataset.read_rows(0, static_cast<std::int64_t>(values.size()), hdf5::DType::kInt64,
                       values.data());
+  verifier.check(dataset, values.data(), values.size() * sizeof(std::int64_t));
   return values;
+}
+
+// A dataset of bytes, verified.
+std::string read_bytes(hdf5::File& file, const std::string& name, Verifier& verifier) {
+  auto dataset = file.dataset(name);
+  std::string bytes(static_cast<std::size_t>(dataset.shape().at(0)), '\0');
+  if (!bytes.empty())
+    dataset.read_rows(0, static_cast<std::int64_t>(bytes.size()), hdf5::DType::kUInt8,
+                      bytes.data());
+  verifier.check(dataset, bytes.data(), bytes.size());
+  return bytes;
 }
 
 // The optimizer's bytes: held, or streamed (twice: measured, then written).
@@ -198,8 +287,10 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
   auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8, {size});
   if (!c.stream_optimizer) {
     if (size > 0) state.write_rows(0, size, hdf5::DType::kUInt8, c.optimizer.data());
+    state.write_attribute(kChecksumAttribute, Checksum::of(c.optimizer.data(), c.optimizer.size()));
     return;
   }
+  Checksum sum;
   // LibTorch's writer calls the sink from C code (miniz): a failure is returned as "took
   // nothing", and thrown here once LibTorch has given up.
   std::int64_t at = 0;
@@ -214,6 +305,7 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
       }
       try {
         if (count > 0) state.write_rows(at, count, hdf5::DType::kUInt8, data);
+        sum.add(data, n);
       } catch (const std::exception& e) {
         failure = e.what();
         return 0;
@@ -227,6 +319,7 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
   if (!failure.empty()) throw InputError(failure);
   if (at != size)
     throw Error("internal: the optimizer state shrank between measuring and writing it");
+  state.write_attribute(kChecksumAttribute, sum.text());
 }
 
 // An upper bound of the file's size: its data, and what HDF5 adds (measured: about 8 KiB, 220
@@ -261,16 +354,116 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
     attributes += static_cast<std::int64_t>(f.size()) + 1;
   for (const auto& f : c.data.files)
     attributes += static_cast<std::int64_t>(f.size()) + 1;
+  // A checksum attribute is about 100 bytes of each dataset's header (within the 1 KiB).
   return data + 8192 + 1024 * datasets + 2 * attributes;
 }
 
 }  // namespace
 
-std::string previous_checkpoint_path(const std::string& path) {
-  return path + ".prev";
+namespace {
+
+// "c.h5" -> ("c", ".h5"); "c" -> ("c", "").
+std::pair<std::string, std::string> stem_and_suffix(const std::string& path) {
+  constexpr const char* kSuffix = ".h5";
+  const auto slash = path.find_last_of('/');
+  const std::size_t name_at = slash == std::string::npos ? 0 : slash + 1;
+  if (path.size() > name_at + 3 && path.compare(path.size() - 3, 3, kSuffix) == 0)
+    return {path.substr(0, path.size() - 3), kSuffix};
+  return {path, ""};
 }
 
-std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c) {
+// The step in an older checkpoint's name, or -1 when `name` is not one of `path`'s.
+std::int64_t step_in_name(const std::string& path, const std::string& candidate) {
+  const auto [stem, suffix] = stem_and_suffix(path);
+  const std::string head = stem + ".step";
+  if (candidate.size() <= head.size() + suffix.size() || candidate.compare(0, head.size(), head))
+    return -1;
+  if (candidate.compare(candidate.size() - suffix.size(), suffix.size(), suffix)) return -1;
+  const std::string digits =
+      candidate.substr(head.size(), candidate.size() - head.size() - suffix.size());
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
+
+// The checkpoint steps of older files beside `path` (newest first).
+std::vector<std::pair<std::int64_t, std::string>> older_by_step(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string prefix = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  DIR* dir = ::opendir(folder.c_str());
+  if (dir == nullptr) return found;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string candidate = prefix + entry->d_name;
+    const std::int64_t step = step_in_name(path, candidate);
+    if (step >= 0) found.emplace_back(step, candidate);
+  }
+  ::closedir(dir);
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  return found;
+}
+
+// The step of the checkpoint at `path`, or nothing when it cannot be read (then it is not kept:
+// it is no checkpoint to go back to).
+std::optional<std::int64_t> step_of(const std::string& path) {
+  try {
+    const auto file = hdf5::File::open(path);
+    if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat)
+      return std::nullopt;
+    return file.read_int_attribute("step");
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// Keeps the checkpoint now at `path` under its step's name, as a second name of the same file:
+// `path` never goes missing, whenever a kill lands. Where the file system has no hard links, it
+// is renamed instead (a kill before the new one's rename then leaves only the older name, which
+// --resume finds).
+void keep_current(const std::string& path) {
+  if (::access(path.c_str(), F_OK) != 0) return;
+  const std::optional<std::int64_t> step = step_of(path);
+  if (!step) return;
+  const std::string older = older_checkpoint_path(path, *step);
+  const std::string staged = path + ".tmp.older." + std::to_string(::getpid());
+  std::remove(staged.c_str());
+  const bool linked = ::link(path.c_str(), staged.c_str()) == 0;
+  if (linked ? std::rename(staged.c_str(), older.c_str()) != 0
+             : std::rename(path.c_str(), older.c_str()) != 0) {
+    if (linked) std::remove(staged.c_str());
+    throw InputError("cannot keep the previous checkpoint as '" + older + "' (" +
+                     std::strerror(errno) + ")");
+  }
+}
+
+// Removes the kept checkpoints beyond the newest `keep - 1` (and a `.prev` of older versions,
+// now that a newer checkpoint is whole). Best effort: a file that cannot be removed stays.
+void remove_beyond(const std::string& path, int keep) {
+  const auto older = older_by_step(path);
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep - 1, 0)); i < older.size(); ++i)
+    std::remove(older[i].second.c_str());
+  std::remove((path + ".prev").c_str());
+}
+
+}  // namespace
+
+std::string older_checkpoint_path(const std::string& path, std::int64_t step) {
+  const auto [stem, suffix] = stem_and_suffix(path);
+  return stem + ".step" + std::to_string(step) + suffix;
+}
+
+std::vector<std::string> older_checkpoints(const std::string& path) {
+  std::vector<std::string> paths;
+  for (const auto& [step, older] : older_by_step(path))
+    paths.push_back(older);
+  if (::access((path + ".prev").c_str(), F_OK) == 0) paths.push_back(path + ".prev");
+  return paths;
+}
+
+std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int keep) {
+  if (keep < 1) throw UsageError("--keep-checkpoints must be at least 1");
   std::int64_t written = 0;
   write_atomically(path, [&](const std::string& temporary) {
     const std::int64_t optimizer_bytes = optimizer_size(c);
@@ -290,14 +483,8 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c) {
       buffer_names.push_back(name);
     }
     write_optimizer(file, c, optimizer_bytes);
-    for (std::size_t r = 0; r < c.generator_states.size(); ++r) {
-      const std::string& state = c.generator_states[r];
-      auto dataset = file.create_dataset("rng/rank" + std::to_string(r), hdf5::DType::kUInt8,
-                                         {static_cast<std::int64_t>(state.size())});
-      if (!state.empty())
-        dataset.write_rows(0, static_cast<std::int64_t>(state.size()), hdf5::DType::kUInt8,
-                           state.data());
-    }
+    for (std::size_t r = 0; r < c.generator_states.size(); ++r)
+      write_bytes(file, "rng/rank" + std::to_string(r), c.generator_states[r]);
     file.write_attribute("rng_ranks", static_cast<std::int64_t>(c.generator_states.size()));
     write_integers(file, "micro_batches", c.micro_batches);
     write_integers(file, "shares", c.shares);
@@ -326,111 +513,102 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c) {
       file.write_attribute("data_fingerprint", c.data.fingerprint);
       file.write_attribute("data_batch_in_epoch", c.data.batch_in_epoch);
     }
+    // Last: the root's checksum covers every attribute above.
+    file.write_attribute(kChecksumAttribute, hdf5::attributes_checksum(file));
     file.close();
     written = release_reserve(temporary);
-    // The new one is complete: keep the current one as the previous before it is replaced. A
-    // hard link gives the previous name while `path` keeps its own, so at every moment `path`
-    // names a whole checkpoint (a kill between two renames used to leave only the previous).
-    // Where the file system has no hard links, the current one is renamed instead.
-    const std::string previous = previous_checkpoint_path(path);
-    if (access(path.c_str(), F_OK) == 0) {
-      const std::string staged = path + ".tmp.prev." + std::to_string(::getpid());
-      std::remove(staged.c_str());
-      const bool linked = ::link(path.c_str(), staged.c_str()) == 0;
-      if (linked ? std::rename(staged.c_str(), previous.c_str()) != 0
-                 : std::rename(path.c_str(), previous.c_str()) != 0) {
-        if (linked) std::remove(staged.c_str());
-        throw InputError("cannot keep the previous checkpoint as '" + previous + "'");
-      }
-    }
+    // The new one is complete: keep the current one under its step's name before it is
+    // replaced.
+    if (keep > 1) keep_current(path);
   });
+  remove_beyond(path, keep);
   return written;
 }
 
 std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) {
-  const std::string previous = previous_checkpoint_path(path);
-  const bool have_newest = access(path.c_str(), F_OK) == 0;
-  const bool have_previous = access(previous.c_str(), F_OK) == 0;
-  if (!have_newest && !have_previous) return std::nullopt;
-  std::string problem;
-  // Any failure to read one falls back to the other: HDF5's, LibTorch's (a tensor it cannot
-  // make), or memory running out while reading.
-  if (have_newest) {
+  std::vector<std::string> candidates;
+  const bool have_newest = ::access(path.c_str(), F_OK) == 0;
+  if (have_newest) candidates.push_back(path);
+  for (const auto& older : older_checkpoints(path))
+    candidates.push_back(older);
+  if (candidates.empty()) return std::nullopt;
+  // Any failure to read one goes on to the next: a checksum, HDF5's (a truncated file),
+  // LibTorch's (a tensor it cannot make), or memory running out while reading.
+  LoadedCheckpoint loaded;
+  if (!have_newest)
+    loaded.skipped.push_back({"", "'" + path +
+                                      "' is missing (removed, or a kill on a file system without "
+                                      "hard links)"});
+  for (const auto& candidate : candidates) {
     try {
-      return LoadedCheckpoint{read_checkpoint(path), path, ""};
+      loaded.checkpoint = read_checkpoint(candidate);
+      loaded.path = candidate;
+      return loaded;
     } catch (const std::exception& e) {
-      problem = e.what();
+      loaded.skipped.push_back({candidate, e.what()});
     }
-    if (!have_previous)
-      throw InputError("--resume: " + problem + " (and there is no previous checkpoint)");
   }
-  try {
-    return LoadedCheckpoint{
-        read_checkpoint(previous), previous,
-        have_newest ? "the newest checkpoint is unreadable (" + problem +
-                          "); resuming from the previous one, " + previous
-                    : "no " + path + " (a crash between two renames?); resuming from " + previous};
-  } catch (const std::exception& e) {
-    throw InputError("--resume: neither checkpoint is readable: " + problem + "; " + e.what());
-  }
+  std::string all;
+  for (const auto& skipped : loaded.skipped)
+    all += (all.empty() ? "" : "; ") + skipped.why;
+  throw CheckpointDamaged("--resume: no checkpoint of '" + path + "' reads whole: " + all);
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  auto file = hdf5::File::open(path);
-  if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat) {
-    throw InputError("'" + path + "' is not an autoaccum checkpoint");
+  try {
+    auto file = hdf5::File::open(path);
+    if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat) {
+      throw CheckpointDamaged("'" + path + "' is not an autoaccum checkpoint");
+    }
+    Verifier verifier(file, path);
+    Checkpoint c;
+    c.step = file.read_int_attribute("step");
+    c.epoch = file.read_int_attribute("epoch");
+    c.micro_batch = file.read_int_attribute("micro_batch");
+    c.micro_batches = read_integers(file, "micro_batches", verifier);
+    c.shares = read_integers(file, "shares", verifier);
+    c.shares_after = read_integers(file, "shares_after", verifier);
+    c.shares_followed = read_integers(file, "shares_followed", verifier);
+    c.memory_models = read_memory_models(file, verifier);
+    c.world_size = file.read_int_attribute("world_size");
+    c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
+    if (file.has_attribute("loss_scale")) {
+      const hdf5::AttributeValue scale = file.attribute_value("loss_scale");
+      if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
+      c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
+    }
+    if (file.has_attribute("replica_fingerprints"))
+      c.replica_fingerprints = file.read_string_list_attribute("replica_fingerprints");
+    if (file.has_attribute("data_global_batch")) {
+      c.data.global_batch = file.read_int_attribute("data_global_batch");
+      if (file.has_attribute("data_global_batch_tokens"))
+        c.data.global_batch_tokens = file.read_int_attribute("data_global_batch_tokens");
+      c.data.shuffle = file.read_string_attribute("data_shuffle");
+      c.data.rows = file.read_int_attribute("data_rows");
+      c.data.files = file.read_string_list_attribute("data_files");
+      c.data.fingerprint = file.read_string_attribute("data_fingerprint");
+      c.data.batch_in_epoch = file.read_int_attribute("data_batch_in_epoch");
+    }
+    for (const auto& name : names_under(file, "params")) {
+      c.params.emplace_back(name, read_tensor(file, "params/" + name, verifier));
+    }
+    for (const auto& name : names_under(file, "buffers")) {
+      c.buffers.emplace_back(name, read_tensor(file, "buffers/" + name, verifier));
+    }
+    const std::int64_t rng_ranks =
+        file.has_attribute("rng_ranks") ? file.read_int_attribute("rng_ranks") : 0;
+    for (std::int64_t r = 0; r < rng_ranks; ++r)
+      c.generator_states.push_back(read_bytes(file, "rng/rank" + std::to_string(r), verifier));
+    c.optimizer = read_bytes(file, "optimizer/state", verifier);
+    c.verified = verifier.verified();
+    c.verified_datasets = verifier.checked();
+    return c;
+  } catch (const CheckpointDamaged&) {
+    throw;
+  } catch (const InputError& e) {
+    // HDF5's own failures (a truncated file, a dataset missing) already name the file.
+    throw CheckpointDamaged(e.what());
   }
-  Checkpoint c;
-  c.step = file.read_int_attribute("step");
-  c.epoch = file.read_int_attribute("epoch");
-  c.micro_batch = file.read_int_attribute("micro_batch");
-  c.micro_batches = read_integers(file, "micro_batches");
-  c.shares = read_integers(file, "shares");
-  c.shares_after = read_integers(file, "shares_after");
-  c.shares_followed = read_integers(file, "shares_followed");
-  c.memory_models = read_memory_models(file);
-  c.world_size = file.read_int_attribute("world_size");
-  c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
-  if (file.has_attribute("loss_scale")) {
-    const hdf5::AttributeValue scale = file.attribute_value("loss_scale");
-    if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
-    c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
-  }
-  if (file.has_attribute("replica_fingerprints"))
-    c.replica_fingerprints = file.read_string_list_attribute("replica_fingerprints");
-  if (file.has_attribute("data_global_batch")) {
-    c.data.global_batch = file.read_int_attribute("data_global_batch");
-    if (file.has_attribute("data_global_batch_tokens"))
-      c.data.global_batch_tokens = file.read_int_attribute("data_global_batch_tokens");
-    c.data.shuffle = file.read_string_attribute("data_shuffle");
-    c.data.rows = file.read_int_attribute("data_rows");
-    c.data.files = file.read_string_list_attribute("data_files");
-    c.data.fingerprint = file.read_string_attribute("data_fingerprint");
-    c.data.batch_in_epoch = file.read_int_attribute("data_batch_in_epoch");
-  }
-  for (const auto& name : names_under(file, "params")) {
-    c.params.emplace_back(name, read_tensor(file, "params/" + name));
-  }
-  for (const auto& name : names_under(file, "buffers")) {
-    c.buffers.emplace_back(name, read_tensor(file, "buffers/" + name));
-  }
-  const std::int64_t rng_ranks =
-      file.has_attribute("rng_ranks") ? file.read_int_attribute("rng_ranks") : 0;
-  for (std::int64_t r = 0; r < rng_ranks; ++r) {
-    auto dataset = file.dataset("rng/rank" + std::to_string(r));
-    std::string bytes(static_cast<std::size_t>(dataset.shape().at(0)), '\0');
-    if (!bytes.empty())
-      dataset.read_rows(0, static_cast<std::int64_t>(bytes.size()), hdf5::DType::kUInt8,
-                        bytes.data());
-    c.generator_states.push_back(std::move(bytes));
-  }
-  auto state = file.dataset("optimizer/state");
-  c.optimizer.resize(static_cast<std::size_t>(state.shape().at(0)));
-  if (!c.optimizer.empty()) {
-    state.read_rows(0, static_cast<std::int64_t>(c.optimizer.size()), hdf5::DType::kUInt8,
-                    c.optimizer.data());
-  }
-  return c;
 }
 
 }  // namespace autoaccum::io

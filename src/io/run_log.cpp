@@ -77,7 +77,9 @@ const std::vector<Field<ResumeRow>>& resume_fields() {
                                                        {"dropped_steps", &ResumeRow::dropped_steps},
                                                        {"world_size", &ResumeRow::world_size},
                                                        {"global_batch", &ResumeRow::global_batch},
-                                                       {"reshaped", &ResumeRow::reshaped}};
+                                                       {"reshaped", &ResumeRow::reshaped},
+                                                       {"skipped_checkpoints",
+                                                        &ResumeRow::skipped_checkpoints}};
   return fields;
 }
 
@@ -277,20 +279,30 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
     writer.peak_bytes_.assign(hostnames.size(), 0);
     writer.set("world_size", static_cast<std::int64_t>(hostnames.size()));
   }
-  // The resumed run's own command line beside the first run's `command_line`: with one entry
-  // per earlier resume (logs written before this attribute get empty ones).
-  std::vector<std::string> lines;
-  for (const auto& [name, value] : writer.attributes_) {
-    if (name != "resume_command_lines") continue;
-    if (const auto* list = std::get_if<std::vector<std::string>>(&value)) lines = *list;
-    if (const auto* one = std::get_if<std::string>(&value)) lines = {*one};
-  }
-  lines.resize(writer.resumes_.size());
-  lines.push_back(command_line);
-  writer.set("resume_command_lines", lines);
-  writer.resumes_.push_back(ResumeRow{resume_step, static_cast<std::int64_t>(dropped),
-                                      static_cast<std::int64_t>(writer.hostnames_.size()),
-                                      resumed.global_batch, resumed.reshaped});
+  // Texts of each resume as root attributes, one entry per row of `resumes` (logs written before
+  // an attribute get empty entries for their earlier resumes): the resumed run's own command
+  // line beside the first run's `command_line`, the checkpoint it read, the ones it skipped.
+  const auto append_entry = [&](const std::string& attribute, const std::string& entry) {
+    std::vector<std::string> entries;
+    for (const auto& [name, value] : writer.attributes_) {
+      if (name != attribute) continue;
+      if (const auto* list = std::get_if<std::vector<std::string>>(&value)) entries = *list;
+      if (const auto* one = std::get_if<std::string>(&value)) entries = {*one};
+    }
+    entries.resize(writer.resumes_.size());
+    entries.push_back(entry);
+    writer.set(attribute, entries);
+  };
+  append_entry("resume_command_lines", command_line);
+  append_entry("resume_checkpoints", resumed.checkpoint);
+  append_entry("resume_skipped", resumed.skipped);
+  ResumeRow row = resumed;
+  row.step = resume_step;
+  row.dropped_steps = static_cast<std::int64_t>(dropped);
+  row.world_size = static_cast<std::int64_t>(writer.hostnames_.size());
+  row.checkpoint.clear();
+  row.skipped.clear();
+  writer.resumes_.push_back(row);
   writer.final_micro_batch_ = std::stoll(existing.attribute("final_micro_batch", "0"));
   writer.write("running", "");
   return writer;
@@ -365,6 +377,11 @@ std::string RunLogData::attribute(const std::string& name, const std::string& fa
   return it == attributes.end() ? fallback : it->second;
 }
 
+std::vector<std::string> RunLogData::attribute_list(const std::string& name) const {
+  const auto it = string_lists.find(name);
+  return it == string_lists.end() ? std::vector<std::string>{} : it->second;
+}
+
 RunLogData read_run_log(const std::string& path) {
   auto file = hdf5::File::open(path);
   if (!file.has_attribute("format") || file.read_string_attribute("format") != kRunLogFormat) {
@@ -373,8 +390,19 @@ RunLogData read_run_log(const std::string& path) {
   }
   RunLogData data;
   data.path = path;
-  for (const auto& name : file.attribute_names())
+  for (const auto& name : file.attribute_names()) {
     data.attributes[name] = file.describe_attribute(name);
+    hdf5::AttributeValue value;
+    try {
+      value = file.attribute_value(name);
+    } catch (const hdf5::Hdf5Error&) {
+      continue;  // another kind (an array of numbers): its text above is all there is
+    }
+    if (const auto* list = std::get_if<std::vector<std::string>>(&value))
+      data.string_lists[name] = *list;
+    else if (const auto* one = std::get_if<std::string>(&value))
+      data.string_lists[name] = {*one};
+  }
   for (const auto& [group, columns] : specs()) {
     auto& out = data.groups[group];
     for (const auto& c : columns) {

@@ -49,6 +49,7 @@ ExportSummary export_scripted(const std::string& checkpoint, const std::string& 
   const io::Checkpoint c = io::read_checkpoint(checkpoint);
   ExportSummary summary;
   summary.step = c.step;
+  summary.verified = c.verified;
   copy_into(c.params, model->named_parameters(), "parameter", checkpoint, model_file,
             summary.tensors);
   copy_into(c.buffers, model->named_buffers(), "buffer", checkpoint, model_file, summary.tensors);

@@ -158,13 +158,15 @@ void Trainer::State::resume() {
     if (!root) return;
     const memory::UncountedScope staging;
     loaded = io::read_latest_checkpoint(options.checkpoint);
-    if (loaded) chosen = loaded->path;
+    if (!loaded) return;
+    chosen = loaded->path;
+    resumed_from = chosen;
   });
   comm.broadcast(chosen, 0);
   comm::collectively(comm, [&] {
     if (root || chosen.empty()) return;
     const memory::UncountedScope staging;
-    loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, ""};
+    loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, {}};
   });
   if (!chosen.empty()) {
     // The same record on every rank: every rank reaches the same verdict without a word.
@@ -201,8 +203,27 @@ void Trainer::State::resume() {
                             ExitCode::kUsage, 0);
     }
     reshaped = change.kind == OrderChange::kOrder;
-    if (!loaded->warning.empty() && root && !options.quiet)
-      std::cout << "autoaccum: warning: " << loaded->warning << std::endl;
+    if (root) {
+      // A damaged newer checkpoint is moved aside (kept for a look, never resumed from nor
+      // counted among the kept ones): the checkpoints written from here on are the newest.
+      for (const auto& skipped : loaded->skipped) {
+        resume_skipped.push_back(skipped.why);
+        const std::string aside = skipped.path + ".damaged";
+        if (!skipped.path.empty() && std::rename(skipped.path.c_str(), aside.c_str()) == 0)
+          resume_skipped.back() += " (moved to " + aside + ")";
+      }
+    }
+    if (root && !options.quiet) {
+      for (const auto& skipped : resume_skipped)
+        std::cout << "autoaccum: warning: --resume: skipped " << skipped << std::endl;
+      if (!resume_skipped.empty())
+        std::cout << "autoaccum: --resume: resuming from the newest whole checkpoint, " << chosen
+                  << " (step " << c.step << ")" << std::endl;
+      if (!c.verified)
+        std::cout << "autoaccum: note: " << chosen
+                  << " was written before checkpoints had checksums: read unverified"
+                  << std::endl;
+    }
     restore(c);
     checkpoint_step = step;
     // Epochs are counted from the checkpoint's epoch start (a reshaped run's is no multiple of
@@ -424,7 +445,7 @@ void Trainer::State::save_checkpoint() {
     c.stream_optimizer = [&](const io::ByteSink& sink) { optimizer->save_to(sink); };
     c.generator_states = std::move(generators);
     c.replica_fingerprints = std::move(fingerprints);
-    bytes = io::write_checkpoint(options.checkpoint, c);
+    bytes = io::write_checkpoint(options.checkpoint, c, static_cast<int>(options.keep_checkpoints));
   });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -411,13 +411,17 @@ void Trainer::State::open_observers() {
     comm::collectively(comm, [&] {
       if (!root) return;
       if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
+        io::ResumeRow resumed;
+        resumed.global_batch = options.global_batch_tokens > 0 ? options.global_batch_tokens
+                                                               : options.global_batch;
+        resumed.reshaped = reshaped ? 1 : 0;
+        resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
+        resumed.checkpoint = resumed_from;
+        for (const auto& line : resume_skipped)
+          resumed.skipped += (resumed.skipped.empty() ? "" : "; ") + line;
         observers.push_back(std::make_unique<RunLogObserver>(
-            io::RunLogWriter::append(
-                options.run_log, step, comm.hosts(), options.command_line,
-                io::ResumeRow{0, 0, 0,
-                              options.global_batch_tokens > 0 ? options.global_batch_tokens
-                                                              : options.global_batch,
-                              reshaped ? 1 : 0}),
+            io::RunLogWriter::append(options.run_log, step, comm.hosts(), options.command_line,
+                                     resumed),
             options.log_flush_every));
         return;
       }

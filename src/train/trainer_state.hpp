@@ -105,6 +105,9 @@ struct Trainer::State {
   // The steps --steps or --epochs ask for, counted from the epoch origin.
   std::int64_t steps_wanted() const;
   bool reshaped = false;  // --resume-reshape changed the data order at the checkpoint
+  // The file resumed from, and why newer ones were passed over (rank 0; for the run log).
+  std::string resumed_from;
+  std::vector<std::string> resume_skipped;
   std::optional<Objective> objective;
 
   // Model and what a step changes.

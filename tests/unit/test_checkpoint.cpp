@@ -1,11 +1,16 @@
-// Checkpoint files: a newest one that cannot be read, for any reason, gives way to the previous.
+// Checkpoint files: every dataset verified against its checksum; the last N kept; a newest one
+// that cannot be read or verified, for any reason, gives way to the newest older one that can.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
+#include "autoaccum/hdf5/hdf5.hpp"
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
 
@@ -34,14 +39,15 @@ TEST(Checkpoint, ANewestThatRunsOutOfMemoryWhileReadFallsBackToThePrevious) {
   EXPECT_NO_THROW(loaded = read_latest_checkpoint(path));
   memory::install_cpu_budget(0);
   ASSERT_TRUE(loaded.has_value());
-  EXPECT_EQ(loaded->path, previous_checkpoint_path(path));
+  EXPECT_EQ(loaded->path, older_checkpoint_path(path, 3));
   EXPECT_EQ(loaded->checkpoint.step, 3);
   EXPECT_EQ(loaded->checkpoint.params.at(0).second[999].item<float>(), 3.0f);
-  EXPECT_NE(loaded->warning.find("newest checkpoint is unreadable"), std::string::npos)
-      << loaded->warning;
-  EXPECT_NE(loaded->warning.find("memory limit"), std::string::npos) << loaded->warning;
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_EQ(loaded->skipped[0].path, path);
+  EXPECT_NE(loaded->skipped[0].why.find("memory limit"), std::string::npos)
+      << loaded->skipped[0].why;
   std::remove(path.c_str());
-  std::remove(previous_checkpoint_path(path).c_str());
+  std::remove(older_checkpoint_path(path, 3).c_str());
 }
 
 TEST(Checkpoint, TensorsOfEveryKindAndAStreamedOptimizerRoundTrip) {
@@ -103,7 +109,7 @@ TEST(Checkpoint, MemoryModelsRoundTripPerRankAndOlderFilesHaveNone) {
   write_checkpoint(path, c);
   EXPECT_TRUE(read_checkpoint(path).memory_models.empty());
   std::remove(path.c_str());
-  std::remove(previous_checkpoint_path(path).c_str());
+  std::remove(older_checkpoint_path(path, 0).c_str());
 }
 
 TEST(Checkpoint, PerRankSizesAndSharesRoundTripAndAnAbsentListReadsEmpty) {
@@ -127,7 +133,170 @@ TEST(Checkpoint, PerRankSizesAndSharesRoundTripAndAnAbsentListReadsEmpty) {
   EXPECT_TRUE(back.shares_followed.empty());
   EXPECT_EQ(back.shares, c.shares);
   std::remove(path.c_str());
-  std::remove(previous_checkpoint_path(path).c_str());
+  std::remove(older_checkpoint_path(path, 0).c_str());
+}
+
+// A checkpoint with a dataset of every kind --resume reads.
+Checkpoint of_every_kind(std::int64_t step) {
+  Checkpoint c;
+  c.step = step;
+  c.world_size = 2;
+  c.micro_batch = 8;
+  c.params = {{"layer.weight", torch::full({64, 32}, static_cast<float>(step))},
+              {"layer.bias", torch::zeros({32})}};
+  c.buffers = {{"norm.running_mean", torch::ones({32})}};
+  c.optimizer = std::string(4096, static_cast<char>(step));
+  c.generator_states = {std::string(512, 'a'), std::string(512, 'b')};
+  c.micro_batches = {8, 8};
+  c.memory_models = {{{8, 0, 1e6}, 0, 5e5, 0}, {{8, 0, 1e6}, 0, 5e5, 0}};
+  return c;
+}
+
+// Flips one bit in the middle of a contiguous dataset's bytes on disk, as a failing disk would.
+void flip_a_bit(const std::string& path, const std::string& dataset, hdf5::DType type) {
+  std::int64_t offset = 0, bytes = 0;
+  {
+    const auto file = hdf5::File::open(path);
+    const auto d = file.dataset(dataset);
+    const auto at = d.raw_offset(type);
+    ASSERT_TRUE(at.has_value()) << dataset << " is contiguous";
+    offset = *at;
+    bytes = 1;
+    for (const auto dim : d.shape())
+      bytes *= dim;
+    bytes *= type == hdf5::DType::kUInt8 ? 1 : type == hdf5::DType::kFloat32 ? 4 : 8;
+  }
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char byte = 0;
+  const off_t where = static_cast<off_t>(offset + bytes / 2);
+  ASSERT_EQ(::pread(fd, &byte, 1, where), 1);
+  byte ^= 0x10;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, where), 1);
+  ::close(fd);
+}
+
+std::string unit_path(const std::string& name) {
+  return "/tmp/autoaccum-unit-" + name + "-" + std::to_string(::getpid()) + ".h5";
+}
+
+void remove_all(const std::string& path) {
+  std::remove(path.c_str());
+  for (const auto& older : older_checkpoints(path))
+    std::remove(older.c_str());
+}
+
+TEST(Checkpoint, EveryDatasetIsVerifiedAndABitFlipInAnyNamesItAndFallsBack) {
+  const std::vector<std::pair<std::string, hdf5::DType>> datasets = {
+      {"params/layer.weight", hdf5::DType::kFloat32},
+      {"buffers/norm.running_mean", hdf5::DType::kFloat32},
+      {"optimizer/state", hdf5::DType::kUInt8},
+      {"rng/rank1", hdf5::DType::kUInt8},
+      {"memory_model/points", hdf5::DType::kFloat64},
+      {"micro_batches", hdf5::DType::kInt64}};
+  for (const auto& [dataset, type] : datasets) {
+    const std::string path = unit_path("flip");
+    write_checkpoint(path, of_every_kind(10));
+    write_checkpoint(path, of_every_kind(20));
+    const Checkpoint whole = read_checkpoint(path);
+    EXPECT_TRUE(whole.verified);
+    EXPECT_EQ(whole.verified_datasets, 9)
+        << "2 parameters, a buffer, the optimizer, 2 generators, micro_batches, 2 memory model";
+    flip_a_bit(path, dataset, type);
+    try {
+      read_checkpoint(path);
+      ADD_FAILURE() << "a flipped bit in " << dataset << " was read without a word";
+    } catch (const CheckpointDamaged& e) {
+      EXPECT_NE(std::string(e.what()).find("dataset '" + dataset + "' does not match its checksum"),
+                std::string::npos)
+          << e.what();
+    }
+    const auto loaded = read_latest_checkpoint(path);
+    ASSERT_TRUE(loaded.has_value());
+    EXPECT_EQ(loaded->checkpoint.step, 10) << dataset;
+    EXPECT_EQ(loaded->path, older_checkpoint_path(path, 10));
+    ASSERT_EQ(loaded->skipped.size(), 1u);
+    EXPECT_NE(loaded->skipped[0].why.find(dataset), std::string::npos) << loaded->skipped[0].why;
+    remove_all(path);
+  }
+}
+
+TEST(Checkpoint, AChangedAttributeATruncatedFileAndNoWholeOneAreRefused) {
+  const std::string path = unit_path("attributes");
+  write_checkpoint(path, of_every_kind(10));
+  write_checkpoint(path, of_every_kind(20));
+  {  // the step changed behind autoaccum's back
+    auto file = hdf5::File::open(path, /*writable=*/true);
+    file.write_attribute("step", std::int64_t{21});
+    file.close();
+  }
+  EXPECT_THROW(
+      {
+        try {
+          read_checkpoint(path);
+        } catch (const CheckpointDamaged& e) {
+          EXPECT_NE(std::string(e.what()).find("attributes"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      CheckpointDamaged);
+  // The newest truncated to half: falls back; the older truncated too: nothing to resume from.
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  auto loaded = read_latest_checkpoint(path);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->checkpoint.step, 10);
+  const std::string older = older_checkpoint_path(path, 10);
+  std::filesystem::resize_file(older, std::filesystem::file_size(older) / 2);
+  try {
+    read_latest_checkpoint(path);
+    ADD_FAILURE() << "two truncated checkpoints were read";
+  } catch (const CheckpointDamaged& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no checkpoint of"), std::string::npos) << what;
+    EXPECT_NE(what.find(older), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "one line";
+  }
+  remove_all(path);
+}
+
+TEST(Checkpoint, TheLastNAreKeptNamedByStepAndAnOlderVersionsPrevIsReadThenRemoved) {
+  const std::string path = unit_path("keep");
+  const std::string stem = path.substr(0, path.size() - 3);
+  for (std::int64_t step = 10; step <= 50; step += 10)
+    write_checkpoint(path, of_every_kind(step), 3);
+  EXPECT_EQ(read_checkpoint(path).step, 50);
+  const std::vector<std::string> expected = {stem + ".step40.h5", stem + ".step30.h5"};
+  EXPECT_EQ(older_checkpoints(path), expected);
+  EXPECT_EQ(read_checkpoint(expected[1]).step, 30);
+  write_checkpoint(path, of_every_kind(60), 1);
+  EXPECT_TRUE(older_checkpoints(path).empty()) << "--keep-checkpoints 1 keeps the newest only";
+
+  // A checkpoint file of an autoaccum before checksums (as `.prev`): read unverified, and found
+  // by --resume when the newest is gone.
+  const std::string prev = path + ".prev";
+  std::filesystem::copy_file(path, prev);
+  {
+    auto file = hdf5::File::open(prev, /*writable=*/true);
+    for (const auto& name : {"params/layer.weight", "optimizer/state"}) {
+      const hid_t d = H5Dopen2(file.id(), name, H5P_DEFAULT);
+      ASSERT_GE(H5Adelete(d, "checksum"), 0);
+      H5Dclose(d);
+    }
+    ASSERT_GE(H5Adelete(file.id(), "checksum"), 0);
+    file.close();
+  }
+  std::remove(path.c_str());
+  const auto loaded = read_latest_checkpoint(path);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->path, prev);
+  EXPECT_FALSE(loaded->checkpoint.verified);
+  EXPECT_EQ(loaded->checkpoint.step, 60);
+  write_checkpoint(path, of_every_kind(70), 2);
+  EXPECT_NE(::access(prev.c_str(), F_OK), 0) << "a whole newer one replaces the old .prev";
+  EXPECT_EQ(older_checkpoints(path), std::vector<std::string>{});
+  write_checkpoint(path, of_every_kind(80), 2);
+  EXPECT_EQ(older_checkpoints(path), std::vector<std::string>{stem + ".step70.h5"});
+  remove_all(path);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "autoaccum/core/error.hpp"
+
 namespace autoaccum::io {
 
 // What decides which rows each step reads: with the same record, a resumed run reads exactly
@@ -76,28 +78,54 @@ struct Checkpoint {
   // Each rank's fingerprint of its parameters when the checkpoint was written (hex), at
   // replica_fingerprints: all equal unless the replicas drifted apart; empty in older ones.
   std::vector<std::string> replica_fingerprints;
+  // Read back only: whether every dataset and the root attributes matched their checksums
+  // (false: written before autoaccum wrote checksums), and how many datasets were checked.
+  bool verified = false;
+  std::int64_t verified_datasets = 0;
 };
 
-// Written under a temporary name and renamed onto `path`; the checkpoint that was at `path`
-// becomes `previous_checkpoint_path(path)`, so the last two are kept and a crash at any moment
-// leaves at least one whole. Tensors go to the file as they are (from a GPU or a converted type:
-// through bounded host pieces), so writing costs little memory besides the model's own. The
-// file's size is reserved on its file system before anything is written (a full disk or quota
-// is an InputError then, with nothing written and the previous checkpoints untouched). Returns
-// the bytes written.
-std::int64_t write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
-std::string previous_checkpoint_path(const std::string& path);  // path + ".prev"
+// Written under a temporary name and renamed onto `path`. With `keep` > 1, the checkpoint that
+// was at `path` is kept as `older_checkpoint_path(path, its step)` (a hard link made before the
+// rename, so `path` names a whole checkpoint at every moment), and the oldest beyond `keep` in
+// all are removed after. Every dataset carries the checksum of its bytes (attribute `checksum`),
+// and the root one of its attributes. Tensors go to the file as they are (from a GPU or a
+// converted type: through bounded host pieces), so writing costs little memory besides the
+// model's own. The file's size is reserved on its file system before anything is written (a
+// full disk or quota is an InputError then, with nothing written and the older checkpoints
+// untouched). Returns the bytes written.
+std::int64_t write_checkpoint(const std::string& path, const Checkpoint& checkpoint, int keep = 2);
+// "c.h5" at step 40 -> "c.step40.h5" (a name without ".h5" gets ".step40" appended).
+std::string older_checkpoint_path(const std::string& path, std::int64_t step);
+// The older checkpoints kept beside `path`, newest first by the step in their names, then a
+// `path.prev` left by autoaccum versions before --keep-checkpoints.
+std::vector<std::string> older_checkpoints(const std::string& path);
+
+// A checkpoint that cannot be used: its message names the file and what is wrong (the dataset
+// that fails its checksum, a truncated file).
+class CheckpointDamaged : public InputError {
+ public:
+  using InputError::InputError;
+};
 
 struct LoadedCheckpoint {
   Checkpoint checkpoint;
-  std::string path;     // the file it came from
-  std::string warning;  // why the newest one was skipped, if it was
+  std::string path;  // the file it came from
+  // Each newer checkpoint passed over (its file; empty for a `path` that is missing), and why
+  // ("checkpoint 'c.h5' is damaged: dataset 'params/w' does not match its checksum"); empty
+  // when the newest was read.
+  struct Skipped {
+    std::string path;
+    std::string why;
+  };
+  std::vector<Skipped> skipped;
 };
-// The newest readable checkpoint: `path`, or its previous one when `path` is missing, truncated
-// or corrupt (with a warning). Nothing when neither exists; InputError when both exist and
-// neither can be read.
+// The newest checkpoint that reads whole and verifies: `path`, else the older ones newest
+// first. Nothing when none exists; a CheckpointDamaged listing every file when none verifies.
 std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path);
-// InputError names the file when it is missing, truncated or not an autoaccum checkpoint.
+// Reads and verifies every dataset against its checksum (and the root attributes); a
+// CheckpointDamaged names the file and the dataset when one does not match, the file is
+// truncated or it is not an autoaccum checkpoint. A file written before checksums reads
+// unverified (`Checkpoint::verified` false).
 Checkpoint read_checkpoint(const std::string& path);
 
 }  // namespace autoaccum::io

@@ -16,7 +16,8 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 8: `resumes/global_batch` and `resumes/reshaped` (--resume-reshape).
 // 9: the `checkpoints` group (every checkpoint written: its step, bytes and seconds).
 // 10: `steps/accumulation_max` and `steps/accumulation_max_rank` (every rank's micro-batches).
-inline constexpr std::int64_t kRunLogSchemaVersion = 10;
+// 11: `resumes/skipped_checkpoints`, root attributes `resume_checkpoints` and `resume_skipped`.
+inline constexpr std::int64_t kRunLogSchemaVersion = 11;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -106,6 +107,12 @@ struct ResumeRow {
   // changed the data order there (schema 8; 0 in older logs).
   std::int64_t global_batch = 0;
   std::int64_t reshaped = 0;
+  // Newer checkpoints passed over because they did not verify or read whole (schema 11).
+  std::int64_t skipped_checkpoints = 0;
+  // Not columns: the file resumed from and why newer ones were skipped ("" when none), kept as
+  // the root attributes `resume_checkpoints` and `resume_skipped`, an entry per resume.
+  std::string checkpoint;
+  std::string skipped;
 };
 
 struct RunLogHeader {
@@ -191,6 +198,9 @@ struct RunLogData {
   std::vector<std::string> hostnames;
   const Column* column(const std::string& group, const std::string& name) const;
   std::string attribute(const std::string& name, const std::string& fallback = "") const;
+  // A root attribute of strings (one string: a list of one), each entry whole; empty if none.
+  std::map<std::string, std::vector<std::string>> string_lists;
+  std::vector<std::string> attribute_list(const std::string& name) const;
 };
 
 // Reads a run log; InputError names the file when it is not one.

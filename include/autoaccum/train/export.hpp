@@ -8,6 +8,7 @@ namespace autoaccum::train {
 struct ExportSummary {
   std::int64_t step = 0;  // the checkpoint's step
   std::int64_t tensors = 0;
+  bool verified = false;  // the checkpoint matched its checksums (false: written before them)
 };
 
 // Loads `model_file`, copies every parameter and buffer of `checkpoint` into it (names as

@@ -102,6 +102,7 @@ struct TrainOptions {
   std::string run_log;
   std::string checkpoint;
   std::int64_t checkpoint_every = 0;
+  std::int64_t keep_checkpoints = 2;  // the newest and the older ones kept beside it
   bool resume = false;
   // --resume-reshape: a changed data order (global batch, shuffle, seed) starts at the
   // checkpoint's epoch boundary; refused in the middle of an epoch.
