@@ -558,7 +558,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   try {
     auto file = hdf5::File::open(path);
     if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat) {
-      throw CheckpointDamaged("'" + path + "' is not an autoaccum checkpoint");
+      throw CheckpointDamaged("checkpoint '" + path + "' is not an autoaccum checkpoint");
     }
     Verifier verifier(file, path);
     Checkpoint c;
@@ -606,8 +606,8 @@ Checkpoint read_checkpoint(const std::string& path) {
   } catch (const CheckpointDamaged&) {
     throw;
   } catch (const InputError& e) {
-    // HDF5's own failures (a truncated file, a dataset missing) already name the file.
-    throw CheckpointDamaged(e.what());
+    // HDF5's own failures: a truncated file, a dataset missing.
+    throw CheckpointDamaged("checkpoint '" + path + "' cannot be read: " + e.what());
   }
 }
 

@@ -108,6 +108,25 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def older_checkpoint(path, step):
+    """The name autoaccum keeps an older checkpoint under (c.h5 -> c.step40.h5)."""
+    stem, suffix = (path[:-3], ".h5") if path.endswith(".h5") else (path, "")
+    return f"{stem}.step{step}{suffix}"
+
+
+def older_checkpoints(path):
+    """The older checkpoints kept beside `path`, newest first."""
+    stem, suffix = (path[:-3], ".h5") if path.endswith(".h5") else (path, "")
+    folder, head = os.path.split(stem + ".step")
+    found = []
+    for name in os.listdir(folder or "."):
+        if name.startswith(head) and name.endswith(suffix):
+            digits = name[len(head):len(name) - len(suffix)]
+            if digits.isdigit():
+                found.append((int(digits), os.path.join(folder, name)))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def text(value):
     """An HDF5 string attribute as str (h5py returns bytes for fixed-length strings)."""
     return value.decode() if isinstance(value, bytes) else str(value)

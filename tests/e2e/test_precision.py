@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import TempDirTest, autoaccum, text
+from harness import TempDirTest, autoaccum, older_checkpoint, text
 
 EXACT = 5e-5
 # The least distance that shows two computations differ (fp32 against bf16: 4e-3 and more).
@@ -121,8 +121,8 @@ class Precision(TempDirTest):
                 if kind == "mlp":
                     args += ["--hidden", "64,64"]
                 _, _, checkpoint = self.train(3, kind, name, *args, env=env)
-                before, _ = um.checkpoint_tensors(checkpoint + ".prev")
-                with h5py.File(checkpoint + ".prev", "r") as f:
+                before, _ = um.checkpoint_tensors(older_checkpoint(checkpoint, 2))
+                with h5py.File(older_checkpoint(checkpoint, 2), "r") as f:
                     self.assertEqual(int(f.attrs["step"]), 2)
                 after, _ = um.checkpoint_tensors(checkpoint)
 

@@ -114,9 +114,9 @@ class RunLogIntegrity(unittest.TestCase):
         with h5py.File(log, "r") as f:
             np.testing.assert_array_equal(f["checkpoints/step"][:], [3, 6, 7])
             self.assertEqual(int(f["checkpoints/bytes"][-1]), size)
-            self.assertEqual(int(f["checkpoints/bytes"][1]), os.path.getsize(checkpoint + ".prev"))
+            self.assertEqual(int(f["checkpoints/bytes"][1]), os.path.getsize(checkpoint + ".step6"))
             self.assertTrue(np.all(f["checkpoints/seconds"][:] > 0))
-            self.assertEqual(int(f.attrs["schema_version"]), 10)
+            self.assertEqual(int(f.attrs["schema_version"]), 11)
         r = autoaccum(1, "log", log)
         self.assertIn(f"3 checkpoint(s), the last after step 7: {size / 2**20:.1f} MiB in", r.stdout)
         # Resumed from step 7 (its checkpoint) to 9: the rows up to 7 stay, one more at 9.

@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, kill_session, small_disk, mpi_env
+from harness import BIN, MPIEXEC, autoaccum, kill_session, small_disk, mpi_env, older_checkpoint, older_checkpoints
 
 SCHEMA = {
     "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
@@ -93,7 +93,7 @@ class RunLogEndToEnd(Run):
             for name in ROOT_ATTRIBUTES:
                 self.assertIn(name, f.attrs, name)
             self.assertEqual(text(f.attrs["format"]), "autoaccum.runlog")
-            self.assertEqual(int(f.attrs["schema_version"]), 10)
+            self.assertEqual(int(f.attrs["schema_version"]), 11)
             self.assertEqual(int(f.attrs["world_size"]), 2)
             self.assertEqual(int(f.attrs["global_batch"]), 200)
             self.assertEqual(text(f.attrs["micro_batch_mode"]), "auto")
@@ -382,7 +382,9 @@ class Checkpoints(Run):
         r = self.train(2, "--global-batch", 100, "--steps", 10, "--checkpoint-every", 4,
                        "--checkpoint", checkpoint, "--run-log", log)
         self.assertEqual(r.returncode, 0, r)
-        with h5py.File(checkpoint, "r") as f, h5py.File(checkpoint + ".prev", "r") as g:
+        self.assertEqual(older_checkpoints(checkpoint), [older_checkpoint(checkpoint, 8)],
+                         "--keep-checkpoints 2 by default: the newest and one before")
+        with h5py.File(checkpoint, "r") as f, h5py.File(older_checkpoint(checkpoint, 8), "r") as g:
             self.assertEqual(int(f.attrs["step"]), 10)
             self.assertEqual(int(g.attrs["step"]), 8)
         with open(checkpoint, "r+b") as f:
@@ -390,7 +392,8 @@ class Checkpoints(Run):
         r = self.train(2, "--global-batch", 100, "--steps", 12, "--checkpoint", checkpoint, "--resume",
                        "--run-log", log)
         self.assertEqual(r.returncode, 0, r)
-        self.assertIn("warning: the newest checkpoint is unreadable", r.stdout)
+        self.assertIn(f"warning: --resume: skipped checkpoint '{checkpoint}'", r.stdout)
+        self.assertIn(f"(moved to {checkpoint}.damaged)", r.stdout)
         self.assertIn("resumed at step 8", r.stdout)
         with h5py.File(checkpoint, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 12)
@@ -418,9 +421,12 @@ class Checkpoints(Run):
             self.assertRegex(errors[0], rf"^autoaccum: error: rank 0: cannot write "
                                         rf"'{re.escape(checkpoint)}' \(No space left on device: "
                                         r"\d+ bytes needed, \d+ free\)$", r)
-            with h5py.File(checkpoint, "r") as f, h5py.File(checkpoint + ".prev", "r") as g:
-                self.assertEqual(int(g.attrs["step"]) + 2, int(f.attrs["step"]))
-            self.assertEqual(sorted(os.listdir(disk)), ["c.h5", "c.h5.prev"], "no temporary left behind")
+            with h5py.File(checkpoint, "r") as f:
+                step = int(f.attrs["step"])
+            with h5py.File(older_checkpoint(checkpoint, step - 2), "r") as g:
+                self.assertEqual(int(g.attrs["step"]) + 2, step)
+            self.assertEqual(sorted(os.listdir(disk)), ["c.h5", f"c.step{step - 2}.h5"],
+                             "no temporary left behind")
             with h5py.File(log, "r") as f:
                 self.assertEqual(text(f.attrs["status"]), "failed")
                 self.assertIn("No space left on device", text(f.attrs["error"]))
@@ -429,8 +435,8 @@ class Checkpoints(Run):
         checkpoint = self.path("lonely.h5")
         r = self.train(2, "--global-batch", 100, "--steps", 2, "--checkpoint", checkpoint)
         self.assertEqual(r.returncode, 0, r)
-        if os.path.exists(checkpoint + ".prev"):
-            os.remove(checkpoint + ".prev")
+        for older in older_checkpoints(checkpoint):
+            os.remove(older)
         with open(checkpoint, "r+b") as f:
             f.truncate(1500)
         with open(checkpoint, "rb") as f:
