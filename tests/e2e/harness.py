@@ -180,7 +180,7 @@ def slurm_job_state(slurm, job):
     return fields.get("JobState"), int(fields.get("Restarts", 0)), fields.get("ExitCode")
 
 
-def preempt_and_requeue(slurm, job, output, line, seconds=240):
+def preempt_and_requeue(slurm, job, output, line, seconds=240, while_pending=None):
     """Waits until `job`'s output file `output` holds `line`, signals the job as a preemption
     would (scancel --signal=USR1: the job script checkpoints and requeues), lets the requeued
     job start at once (Slurm would hold it about two minutes), and waits until it ends. Returns
@@ -189,7 +189,10 @@ def preempt_and_requeue(slurm, job, output, line, seconds=240):
     The job must not be able to end before the signal arrives, whatever the machine's speed:
     give it an --inject-stall a little after the step that prints `line` (the signal then comes
     during the stall at the latest). A job merely long enough to be signalled mid-run ended
-    first on a fast machine (3000 steps in 4 s)."""
+    first on a fast machine (3000 steps in 4 s).
+
+    `while_pending()`, when given, runs once the job waits to be requeued, before it is released
+    (to damage its checkpoint, as a failing disk would)."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
@@ -216,6 +219,8 @@ def preempt_and_requeue(slurm, job, output, line, seconds=240):
         # credential, and a new one issued within the same second is refused as revoked (the
         # requeued job then failed with exit code 1 before its script ran).
         if pending_since is not None and not released and time.monotonic() - pending_since >= 3:
+            if while_pending:
+                while_pending()
             slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
             released = True
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):

@@ -12,7 +12,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, autoaccum, preempt_and_requeue
+from harness import BIN, autoaccum, older_checkpoints, preempt_and_requeue
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SBATCH = os.path.join(ROOT, "jobs", "slurm", "train.sbatch")
@@ -154,6 +154,56 @@ class Slurm(unittest.TestCase):
             names = list(b["params"].keys())
             self.assertTrue(names)
             for name in names:
+                np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
+
+    def test_a_requeued_job_whose_checkpoint_was_damaged_resumes_from_the_newest_whole_one(self):
+        # Preempted during a stall at step 60; while the job waits to be requeued, one bit of its
+        # newest checkpoint's parameters flips on disk. The requeued job passes over it, says so,
+        # resumes from the older one kept beside it and ends where an uninterrupted run ends.
+        steps = "120"
+        r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                       "--data", self.data, "--steps", steps, "--log-every", "10",
+                       "--inject-stall", "rank=0,step=60,seconds=20")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip().split(";")[0]
+        checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
+        kept = []
+
+        def damage():
+            with h5py.File(checkpoint, "r") as f:
+                d = f["params"][sorted(f["params"].keys())[0]]
+                offset, size = d.id.get_offset(), d.id.get_storage_size()
+            with open(checkpoint, "r+b") as f:
+                f.seek(offset + size // 2)
+                byte = f.read(1)[0]
+                f.seek(offset + size // 2)
+                f.write(bytes([byte ^ 0x04]))
+            for older in older_checkpoints(checkpoint):
+                with h5py.File(older, "r") as f:
+                    kept.append((older, int(f.attrs["step"])))
+
+        state, restarts, exit_code = preempt_and_requeue(
+            self.slurm, job, f"{self.dir}/runs/slurm-{job}.out", f"step 60/{steps}",
+            while_pending=damage)
+        with open(f"{self.dir}/runs/slurm-{job}.out") as out:
+            output = out.read()
+        self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
+        self.assertTrue(kept, "an older checkpoint is kept beside the newest")
+        older, older_step = kept[0]
+        self.assertIn(f"skipped checkpoint '{checkpoint}' is damaged: dataset 'params/", output)
+        self.assertIn(f"resuming from the newest whole checkpoint, {older} (step {older_step})",
+                      output)
+        self.assertIn(f"resumed at step {older_step}", output)
+        with h5py.File(f"{self.dir}/runs/{job}.h5", "r") as f:
+            np.testing.assert_array_equal(f["steps/step"][:], np.arange(int(steps)))
+            np.testing.assert_array_equal(f["resumes/skipped_checkpoints"][:], [1])
+        reference = f"{self.dir}/reference-{steps}.ckpt.h5"
+        r = autoaccum(2, "train", "--config", CONFIG, "--data", self.data, "--steps", steps,
+                      "--checkpoint", reference, "--log-every", 0, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
+            self.assertEqual(int(a.attrs["step"]), int(steps))
+            for name in b["params"].keys():
                 np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
 
     def test_a_later_job_continues_the_run_on_fewer_ranks(self):
