@@ -195,11 +195,17 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     }
     phase = AttemptPhase::kNone;
   } catch (const std::exception& e) {
-    // Only an OOM is agreed on here, and a model's error on a micro-batch smaller than one this
-    // rank tried before an out-of-memory lowered it (a size the model does not accept, such as
-    // BatchNorm's one row): anything else is this rank's own failure (spmd_main aborts).
+    // Only an OOM is agreed on here, and the model's own error (LibTorch's or the TorchScript
+    // code's, in forward, loss or backward) on a micro-batch smaller than one this rank tried
+    // before an out-of-memory lowered it: a size the model does not accept, such as BatchNorm's
+    // one row. Anything else, autoaccum's own errors above all (internal ones, a model that
+    // returns the wrong kind of output), is this rank's own failure (spmd_main aborts).
     if (!watch.explains(e)) {
-      if (!(m > 0 && m < tried_before && ran_out_before)) throw;
+      const bool from_the_model =
+          dynamic_cast<const Error*>(&e) == nullptr &&
+          (phase == AttemptPhase::kForward || phase == AttemptPhase::kLoss ||
+           phase == AttemptPhase::kBackward);
+      if (!(from_the_model && m > 0 && m < tried_before && ran_out_before)) throw;
       refusal = e.what();
       refused_after = previous;
       phase = AttemptPhase::kRefused;

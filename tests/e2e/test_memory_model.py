@@ -283,6 +283,33 @@ class MemoryModel(TempDirTest):
         self.assertNotIn("Traceback", r.stderr + r.stdout)
         self.assertNotIn("MPI_ABORT", r.stderr + r.stdout)
 
+    def test_autoaccums_own_error_at_a_smaller_size_is_not_taken_for_a_refusal(self):
+        # The model's (loss_sum, weight) has a weight of two values at one row: autoaccum's own
+        # check refuses that output. Reached at 1 row after out-of-memory halved 8 -> 4 -> 2 -> 1,
+        # it is still that error (exit 1, its own words), not "the model fails on a micro-batch
+        # of 1 row ... raise --memory-limit" (exit 3), which it was taken for before.
+        class BadWeightAtOneRow(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(6, 3)
+
+            def forward(self, x, y):
+                loss = torch.nn.functional.cross_entropy(self.fc(x), y, reduction="sum")
+                if x.size(0) < 2:
+                    return loss, torch.ones(2)
+                return loss, torch.tensor(float(x.size(0)))
+
+        x, y = um.classification_data(64, (6,), 3, seed=5)
+        data = um.write_data(self.path("own-error.h5"), x, y, classes=3)
+        model = um.save_scripted(BadWeightAtOneRow(), self.path("bad-weight.pt"))
+        r = autoaccum(2, "train", "--data", data, "--model-file", model, "--loss", "model",
+                      "--threads", 1, "--global-batch", 16, "--steps", 2, "--micro-batch-search",
+                      "halve", "--inject-oom", "rank=0,above=1", timeout=120)
+        self.assertEqual(r.returncode, 1, r)
+        self.assertIn("all 2 ranks continue at 1", r.stdout)
+        self.assertIn("--loss model: forward(inputs..., targets) returned a Tuple", r.stderr)
+        self.assertNotIn("the model fails on a micro-batch", r.stdout + r.stderr)
+
     def test_halve_keeps_the_old_search(self):
         r, log, _ = self.train(2, "halve", "--global-batch", 256, "--steps", 2,
                                "--memory-limit", LIMIT, "--micro-batch-search", "halve")
