@@ -1,4 +1,5 @@
-// Importers: IDX (gzip through zlib) to HDF5, and a seeded synthetic classification set.
+// Importers: Fashion-MNIST's IDX files (gzip through zlib), text as byte windows or as documents,
+// and a seeded synthetic classification set; every dataset written with its checksum.
 #include "autoaccum/data/importers.hpp"
 
 #include <dirent.h>

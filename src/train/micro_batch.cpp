@@ -139,13 +139,6 @@ std::vector<std::int64_t> RankMicroBatches::sizes() const {
   return out;
 }
 
-std::int64_t RankMicroBatches::largest() const {
-  std::int64_t m = 0;
-  for (const auto& p : policies_)
-    m = std::max(m, p.current());
-  return m;
-}
-
 bool RankMicroBatches::after_oom(const std::vector<int>& out_of_memory) {
   bool possible = true;
   for (std::size_t r = 0; r < policies_.size(); ++r) {

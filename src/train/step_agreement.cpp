@@ -31,8 +31,6 @@ void write_report(const ControlLayout& layout, int rank, const RankReport& repor
   control[layout.phase(rank)] = static_cast<float>(report.phase);
   control[layout.compute_seconds(rank)] = static_cast<float>(report.compute_seconds);
   write_exact(static_cast<double>(report.peak_bytes), control + layout.peak_bytes(rank));
-  write_exact(report.loss_sum, control + layout.loss(rank));
-  write_exact(report.weight, control + layout.weight(rank));
   write_exact(report.peak_shape.units, control + layout.shape_units(rank));
   write_exact(report.peak_shape.square, control + layout.shape_square(rank));
   write_exact(static_cast<double>(report.base_bytes), control + layout.base_bytes(rank));

@@ -343,7 +343,9 @@ void Trainer::State::report_dry_run() {
   }
 }
 
-// Out of memory, agreed: every rank lowers the sizes the outcome names, or the run ends.
+// After an agreed out-of-memory: when some rank's model refused its size (its own error at a
+// size below one that ran out), the run ends here on every rank with one line naming the lowest
+// such rank, exit 3; otherwise nothing happens and the sizes are lowered by the caller.
 void Trainer::State::fail_if_refused(const StepOutcome& outcome) {
   const std::vector<int> refused = outcome.refused();
   if (refused.empty()) return;

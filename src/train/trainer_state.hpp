@@ -1,6 +1,8 @@
 // Trainer::State: what the step loop and its setup share (private to src/train; the public
-// face is autoaccum/train/trainer.hpp). Setup and the loop are in trainer.cpp, checkpoints
-// and resuming in trainer_checkpoint.cpp.
+// face is autoaccum/train/trainer.hpp). The loop is in trainer.cpp, setup in trainer_setup.cpp,
+// the data and each step's split in trainer_data.cpp, memory limits, models and what follows an
+// out-of-memory in trainer_memory.cpp, the reduce path (--overlap) in trainer_overlap.cpp,
+// checkpoints and resuming in trainer_checkpoint.cpp.
 #pragma once
 
 #include <torch/torch.h>

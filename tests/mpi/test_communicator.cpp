@@ -1,7 +1,6 @@
 // MpiCommunicator against values each rank computes itself, for any world size.
 #include <gtest/gtest.h>
 #include <mpi.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
@@ -11,7 +10,6 @@
 
 #include "autoaccum/comm/factory.hpp"
 #include "autoaccum/comm/mpi_communicator.hpp"
-#include "autoaccum/comm/tensor_allreduce.hpp"
 #include "autoaccum/core/error.hpp"
 
 namespace autoaccum::comm {
@@ -80,37 +78,6 @@ TEST_F(MpiComm, SumOfDoublesForLengths0And1And1000003) {
   for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{1000003}}) {
     check_sum<double>(comm, length, 1e-12);
   }
-}
-
-TEST_F(MpiComm, SumOfTensorsInPlace) {
-  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
-    for (int64_t length : {0, 1, 1000003}) {
-      const auto options = torch::TensorOptions().dtype(torch::kFloat64);
-      // Tensors built from the same per-rank values as above; the expected sum in double.
-      auto mine_values = contribution<double>(comm.rank(), length);
-      auto expected_values = expected_sum<double>(comm.size(), length);
-      auto mine = torch::from_blob(mine_values.data(), {length}, options).to(dtype).clone();
-      auto expected = torch::from_blob(expected_values.data(), {length}, options);
-      const void* storage = mine.data_ptr();
-      allreduce_sum(comm, mine);
-      EXPECT_EQ(mine.data_ptr(), storage) << "the all-reduce must be in place";
-      const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-12;
-      if (length > 0) {
-        const double worst = (mine.to(torch::kFloat64) - expected).abs().max().item<double>();
-        EXPECT_LE(worst, tolerance) << "dtype " << dtype << " length " << length;
-      }
-    }
-  }
-}
-
-TEST_F(MpiComm, RejectsTensorsItCannotReduceWithoutCommunicating) {
-  // These are local checks: every rank throws before any collective, so none is left waiting.
-  auto strided = torch::zeros({4, 4}).t();
-  EXPECT_THROW(allreduce_sum(comm, strided), CommError);
-  auto integers = torch::zeros({4}, torch::kInt64);
-  EXPECT_THROW(allreduce_sum(comm, integers), CommError);
-  EXPECT_THROW(allreduce_sum(comm, torch::Tensor()), CommError);
-  EXPECT_EQ(comm.data_allreduce_calls(), 0u);
 }
 
 TEST_F(MpiComm, FlagMaxSumAndMin) {

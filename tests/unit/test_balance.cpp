@@ -28,7 +28,6 @@ TEST(RankMicroBatches, RankScopeShrinksOnlyTheRanksThatRanOut) {
   EXPECT_TRUE(m.after_oom({0}));
   EXPECT_EQ(m.sizes(), (Sizes{16, 64, 32}));
   EXPECT_EQ(m.describe(), "16, 64, 32");
-  EXPECT_EQ(m.largest(), 64);
   EXPECT_EQ(m.accumulation(0, 42), 3);
 }
 

@@ -40,10 +40,10 @@ std::vector<float> reduce(const ControlLayout& layout, const std::vector<RankRep
   std::vector<float> sum(static_cast<std::size_t>(layout.count()), 0.0f);
   for (int r = 0; r < layout.world; ++r) {
     std::vector<float> mine(sum.size(), 0.0f);
-    RankReport report = reports[static_cast<std::size_t>(r)];
-    report.loss_sum = losses[static_cast<std::size_t>(r)];
-    report.weight = weight_per_rank;
-    write_report(layout, r, report, mine.data());
+    write_report(layout, r, reports[static_cast<std::size_t>(r)], mine.data());
+    // The loss and weight slots, as the trainer writes them beside the report.
+    write_exact(losses[static_cast<std::size_t>(r)], mine.data() + layout.loss(r));
+    write_exact(weight_per_rank, mine.data() + layout.weight(r));
     for (std::size_t i = 0; i < sum.size(); ++i)
       sum[i] += mine[i];
   }

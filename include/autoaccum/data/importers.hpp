@@ -1,4 +1,5 @@
-// Importers that write autoaccum training files: Fashion-MNIST from IDX files, synthetic data.
+// Importers that write autoaccum training files: Fashion-MNIST from IDX files, text (byte
+// windows or documents), synthetic data. Each dataset carries its checksum (core/checksum.hpp).
 #pragma once
 
 #include <cstdint>

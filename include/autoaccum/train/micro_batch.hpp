@@ -90,7 +90,6 @@ class RankMicroBatches {
     return policies_.at(static_cast<std::size_t>(rank)).current();
   }
   std::vector<std::int64_t> sizes() const;
-  std::int64_t largest() const;
   bool automatic() const noexcept { return policies_.front().automatic(); }
   bool per_rank() const noexcept { return per_rank_; }
   bool probing(int rank) const { return policies_.at(static_cast<std::size_t>(rank)).probing(); }

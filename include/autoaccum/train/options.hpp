@@ -49,14 +49,16 @@ struct TrainOptions {
   // --micro-batch-search predict (the default): probe memory before the first step and start at
   // the largest size the memory model predicts to fit (train/memory_model.hpp).
   bool predict_micro_batch = true;
+  // --memory-margin: the share of the room above the fixed state kept free by predictions.
   double memory_margin = 0.05;
   // --micro-batch-regrow N: N clean steps after an out-of-memory lowered an automatic size, try
   // the size before once more (0: never). -1: the default, 100 with predict, 0 with halve and
   // refine (the searches as they were).
   std::int64_t micro_batch_regrow = -1;
-  // --dry-run: set up, probe memory on the first batch, print what fits, exit (no step, no
-  // output file).
-  bool dry_run = false;    // --memory-margin: the share of the room above fixed state kept
+  // --dry-run: set up, measure two micro-batches per rank, print the micro-batch each rank is
+  // predicted to hold and the largest global batch without accumulation, then exit (no
+  // optimizer step, no run log or checkpoint written).
+  bool dry_run = false;
   std::int64_t steps = 0;  // 0: from epochs
   double epochs = 0;
   std::string shuffle = "batch";

@@ -80,16 +80,14 @@ struct RankReport {
   bool stop_requested = false;
   bool abandoned = false;  // stopped between micro-batches: the step's gradient is incomplete
   double compute_seconds = 0;
-  // The summed loss and its count, when known on the host (on a device they are written into
-  // the slots without a host synchronisation, see Trainer).
-  double loss_sum = 0;
-  double weight = 0;
   MicroBatchShape peak_shape{};  // the micro-batch of the peak, or the one that ran out
   std::int64_t base_bytes = 0;   // live bytes when the attempt began
   // The attempt's plan: micro-batches, and for documents real and padded tokens.
   std::int64_t pieces = 0, tokens = 0, padded_tokens = 0;
 };
-// Writes `report` into this rank's slots of a zeroed host control array.
+// Writes `report` into this rank's slots of a zeroed host control array. The loss sum and its
+// weight are not in it: the trainer writes their exact pieces into the loss and weight slots
+// on the device, without a host synchronisation.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
 
 struct StepOutcome {
