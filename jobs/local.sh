@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Workstation run: installs what is missing, builds, imports Fashion-MNIST into data/, and trains
 # the cnn under mpirun with automatic micro-batching. The per-rank memory limit is low enough
-# that the run visibly halves its micro-batch; the run log goes to runs/ and is summarised at
-# the end.
+# that a rank's share does not fit: the memory model predicts what does and the run accumulates
+# (add --micro-batch-search halve to watch it halve instead); the run log goes to runs/ and is
+# summarised at the end.
 #   ./jobs/local.sh [-n RANKS] [extra train options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ ranks=2
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
