@@ -22,6 +22,21 @@ namespace {
 
 constexpr const char* kFormat = "autoaccum.checkpoint";
 
+// The checksums a write computes and stores beside each dataset; none at all (not even
+// computed) with Checksums::kOff, which only benchmarks ask for.
+struct WrittenSums {
+  bool on = true;
+  void add(Checksum& sum, const void* data, std::size_t bytes) const {
+    if (on) sum.add(data, bytes);
+  }
+  void store(hdf5::Dataset& dataset, const Checksum& sum) const {
+    if (on) dataset.write_attribute(kChecksumAttribute, sum.text());
+  }
+  void store(hdf5::Dataset& dataset, const void* data, std::size_t bytes) const {
+    if (on) dataset.write_attribute(kChecksumAttribute, Checksum::of(data, bytes));
+  }
+};
+
 // Host memory a tensor passes through on its way to the file (from a GPU, or converted).
 constexpr std::int64_t kPieceBytes = std::int64_t{8} << 20;
 
@@ -81,7 +96,8 @@ std::int64_t stored_bytes(const at::Tensor& t) {
 // A host tensor of the stored type goes to the file straight from its memory; any other (on a
 // GPU, of another type, not contiguous) in pieces of whole rows of at most kPieceBytes (or one
 // row).
-void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& tensor) {
+void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& tensor,
+                  const WrittenSums& sums) {
   const at::Tensor source = tensor.detach();
   const at::ScalarType type = stored_type(source.scalar_type());
   const auto dtype = dtype_of(type, name);
@@ -90,13 +106,13 @@ void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& t
   auto dataset = file.create_dataset(name, dtype, shape);
   Checksum sum;
   if (source.numel() == 0) {
-    dataset.write_attribute(kChecksumAttribute, sum.text());
+    sums.store(dataset, sum);
     return;
   }
   if (source.is_cpu() && source.is_contiguous() && source.scalar_type() == type) {
     dataset.write_rows(0, shape[0], dtype, source.data_ptr());
-    sum.add(source.data_ptr(), static_cast<std::size_t>(source.nbytes()));
-    dataset.write_attribute(kChecksumAttribute, sum.text());
+    sums.add(sum, source.data_ptr(), static_cast<std::size_t>(source.nbytes()));
+    sums.store(dataset, sum);
     return;
   }
   const at::Tensor rows = source.reshape({shape[0], -1});
@@ -107,9 +123,9 @@ void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& t
     const std::int64_t count = std::min(step, shape[0] - first);
     const at::Tensor piece = rows.narrow(0, first, count).to(at::kCPU).to(type).contiguous();
     dataset.write_rows(first, count, dtype, piece.data_ptr());
-    sum.add(piece.data_ptr(), static_cast<std::size_t>(piece.nbytes()));
+    sums.add(sum, piece.data_ptr(), static_cast<std::size_t>(piece.nbytes()));
   }
-  dataset.write_attribute(kChecksumAttribute, sum.text());
+  sums.store(dataset, sum);
 }
 
 // Checks each dataset read against the checksum written beside it. A file whose root carries
@@ -117,8 +133,8 @@ void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& t
 // before checksums, nothing is checked (and the checkpoint reads as unverified).
 class Verifier {
  public:
-  Verifier(const hdf5::File& file, const std::string& path)
-      : path_(path), required_(file.has_attribute(kChecksumAttribute)) {
+  Verifier(const hdf5::File& file, const std::string& path, bool verify)
+      : path_(path), required_(verify && file.has_attribute(kChecksumAttribute)) {
     if (!required_) return;
     const std::string stored = file.read_string_attribute(kChecksumAttribute);
     if (stored != hdf5::attributes_checksum(file))
@@ -178,28 +194,29 @@ std::vector<std::string> names_under(const hdf5::File& file, const std::string& 
 // A 1-D int64 dataset (written only when `values` is not empty; read back empty when absent, as
 // in checkpoints from before it existed).
 void write_integers(hdf5::File& file, const std::string& name,
-                    const std::vector<std::int64_t>& values) {
+                    const std::vector<std::int64_t>& values, const WrittenSums& sums) {
   if (values.empty()) return;
   auto dataset =
       file.create_dataset(name, hdf5::DType::kInt64, {static_cast<std::int64_t>(values.size())});
   dataset.write_rows(0, static_cast<std::int64_t>(values.size()), hdf5::DType::kInt64,
                      values.data());
-  dataset.write_attribute(kChecksumAttribute,
-                          Checksum::of(values.data(), values.size() * sizeof(std::int64_t)));
+  sums.store(dataset, values.data(), values.size() * sizeof(std::int64_t));
 }
 
 // A dataset of bytes (an opaque state) with its checksum.
-void write_bytes(hdf5::File& file, const std::string& name, const std::string& bytes) {
+void write_bytes(hdf5::File& file, const std::string& name, const std::string& bytes,
+                 const WrittenSums& sums) {
   auto dataset =
       file.create_dataset(name, hdf5::DType::kUInt8, {static_cast<std::int64_t>(bytes.size())});
   if (!bytes.empty())
     dataset.write_rows(0, static_cast<std::int64_t>(bytes.size()), hdf5::DType::kUInt8,
                        bytes.data());
-  dataset.write_attribute(kChecksumAttribute, Checksum::of(bytes.data(), bytes.size()));
+  sums.store(dataset, bytes.data(), bytes.size());
 }
 
 // memory_model/points [n, 4] and memory_model/ranks [W, 3], float64 (see Checkpoint).
-void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryModelRecord>& m) {
+void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryModelRecord>& m,
+                         const WrittenSums& sums) {
   if (m.empty()) return;
   std::vector<double> points, ranks;
   for (std::size_t r = 0; r < m.size(); ++r) {
@@ -211,11 +228,11 @@ void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryM
   const auto rows = static_cast<std::int64_t>(points.size() / 4);
   auto p = file.create_dataset("memory_model/points", hdf5::DType::kFloat64, {rows, 4});
   if (rows > 0) p.write_rows(0, rows, hdf5::DType::kFloat64, points.data());
-  p.write_attribute(kChecksumAttribute, Checksum::of(points.data(), points.size() * 8));
+  sums.store(p, points.data(), points.size() * 8);
   const auto world = static_cast<std::int64_t>(m.size());
   auto r = file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 3});
   r.write_rows(0, world, hdf5::DType::kFloat64, ranks.data());
-  r.write_attribute(kChecksumAttribute, Checksum::of(ranks.data(), ranks.size() * 8));
+  sums.store(r, ranks.data(), ranks.size() * 8);
 }
 
 std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
@@ -283,11 +300,12 @@ std::int64_t optimizer_size(const Checkpoint& c) {
   return size;
 }
 
-void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
+void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size,
+                     const WrittenSums& sums) {
   auto state = file.create_dataset("optimizer/state", hdf5::DType::kUInt8, {size});
   if (!c.stream_optimizer) {
     if (size > 0) state.write_rows(0, size, hdf5::DType::kUInt8, c.optimizer.data());
-    state.write_attribute(kChecksumAttribute, Checksum::of(c.optimizer.data(), c.optimizer.size()));
+    sums.store(state, c.optimizer.data(), c.optimizer.size());
     return;
   }
   Checksum sum;
@@ -305,7 +323,7 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
       }
       try {
         if (count > 0) state.write_rows(at, count, hdf5::DType::kUInt8, data);
-        sum.add(data, n);
+        sums.add(sum, data, n);
       } catch (const std::exception& e) {
         failure = e.what();
         return 0;
@@ -319,7 +337,7 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size) {
   if (!failure.empty()) throw InputError(failure);
   if (at != size)
     throw Error("internal: the optimizer state shrank between measuring and writing it");
-  state.write_attribute(kChecksumAttribute, sum.text());
+  sums.store(state, sum);
 }
 
 // An upper bound of the file's size: its data, and what HDF5 adds (measured: about 8 KiB, 220
@@ -462,8 +480,10 @@ std::vector<std::string> older_checkpoints(const std::string& path) {
   return paths;
 }
 
-std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int keep) {
+std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int keep,
+                              Checksums checksums) {
   if (keep < 1) throw UsageError("--keep-checkpoints must be at least 1");
+  const WrittenSums sums{checksums == Checksums::kOn};
   std::int64_t written = 0;
   write_atomically(path, [&](const std::string& temporary) {
     const std::int64_t optimizer_bytes = optimizer_size(c);
@@ -475,22 +495,22 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
     reserve_space(temporary, static_cast<std::uint64_t>(bound));
     std::vector<std::string> param_names, buffer_names;
     for (const auto& [name, tensor] : c.params) {
-      write_tensor(file, "params/" + name, tensor);
+      write_tensor(file, "params/" + name, tensor, sums);
       param_names.push_back(name);
     }
     for (const auto& [name, tensor] : c.buffers) {
-      write_tensor(file, "buffers/" + name, tensor);
+      write_tensor(file, "buffers/" + name, tensor, sums);
       buffer_names.push_back(name);
     }
-    write_optimizer(file, c, optimizer_bytes);
+    write_optimizer(file, c, optimizer_bytes, sums);
     for (std::size_t r = 0; r < c.generator_states.size(); ++r)
-      write_bytes(file, "rng/rank" + std::to_string(r), c.generator_states[r]);
+      write_bytes(file, "rng/rank" + std::to_string(r), c.generator_states[r], sums);
     file.write_attribute("rng_ranks", static_cast<std::int64_t>(c.generator_states.size()));
-    write_integers(file, "micro_batches", c.micro_batches);
-    write_integers(file, "shares", c.shares);
-    write_integers(file, "shares_after", c.shares_after);
-    write_integers(file, "shares_followed", c.shares_followed);
-    write_memory_models(file, c.memory_models);
+    write_integers(file, "micro_batches", c.micro_batches, sums);
+    write_integers(file, "shares", c.shares, sums);
+    write_integers(file, "shares_after", c.shares_after, sums);
+    write_integers(file, "shares_followed", c.shares_followed, sums);
+    write_memory_models(file, c.memory_models, sums);
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
     file.write_attribute("format", std::string(kFormat));
@@ -514,7 +534,7 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
       file.write_attribute("data_batch_in_epoch", c.data.batch_in_epoch);
     }
     // Last: the root's checksum covers every attribute above.
-    file.write_attribute(kChecksumAttribute, hdf5::attributes_checksum(file));
+    if (sums.on) file.write_attribute(kChecksumAttribute, hdf5::attributes_checksum(file));
     file.close();
     written = release_reserve(temporary);
     // The new one is complete: keep the current one under its step's name before it is
@@ -554,13 +574,13 @@ std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) 
   throw CheckpointDamaged("--resume: no checkpoint of '" + path + "' reads whole: " + all);
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
+Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
   try {
     auto file = hdf5::File::open(path);
     if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat) {
       throw CheckpointDamaged("checkpoint '" + path + "' is not an autoaccum checkpoint");
     }
-    Verifier verifier(file, path);
+    Verifier verifier(file, path, verify == Checksums::kOn);
     Checkpoint c;
     c.step = file.read_int_attribute("step");
     c.epoch = file.read_int_attribute("epoch");

@@ -806,7 +806,21 @@ def bench_checkpoint(work, reps, results):
             f"{with_ / 2**20:.0f} MiB with a {size / 2**20:.1f} MiB checkpoint (+"
             f"{(with_ - without) / 2**20:.1f} MiB); written in {seconds:.2f} s "
             f"({size / seconds / 2**20:.0f} MiB/s, dd {dd_rate / 2**20:.0f} MiB/s)")
-    results["checkpoint"] = {"reps": reps, **{k: spread(v) for k, v in raw.items()}}
+    # Issue 46: what checksums cost, the same checkpoint written (with fsync) and read back whole
+    # (as --resume reads it) with and without them, in alternation (bench_checkpoint.cpp).
+    r = run([os.path.join(BENCH, "bench_checkpoint"), work, max(5, reps)])
+    sums = {key: float(re.search(rf"{pattern} = (\S+)", r.stdout).group(1)) for key, pattern in
+            (("write_ratio", "write rate with / without"), ("read_ratio", "read time with / without"),
+             ("sum_bytes", "checkpoint bytes"))}
+    reads = re.search(r"read seconds without = (\S+), with = (\S+)", r.stdout)
+    writes = re.search(r"write seconds without = (\S+), with = (\S+)", r.stdout)
+    sums.update(write_without=float(writes.group(1)), write_with=float(writes.group(2)),
+                read_without=float(reads.group(1)), read_with=float(reads.group(2)),
+                sum_reps=max(5, reps))
+    log(f"  checksums: write rate with/without {sums['write_ratio']:.3f}, "
+        f"read time with/without {sums['read_ratio']:.3f}")
+    results["checkpoint"] = {"reps": reps, **{k: spread(v) for k, v in raw.items()},
+                             "checksums": sums}
 
 
 def render_checkpoint(results):
@@ -831,6 +845,19 @@ def render_checkpoint(results):
              f"| write rate | {fmt(r['rate'], 0, mib, ' MiB/s')} |",
              f"| dd's rate | {fmt(r['dd_rate'], 0, mib, ' MiB/s')} |",
              f"| write rate / dd's | {fmt(r['rate_ratio'], 2)} |"]
+    s = r.get("checksums")
+    if s:
+        lines += ["", f"Checksums (issue 46): `bench_checkpoint` writes the same kind of checkpoint "
+                  f"({s['sum_bytes'] / 2**20:.1f} MiB: the MLP's float32 parameters and as many "
+                  "bytes of optimizer state) with fsync and renames as training does, then reads "
+                  "it back whole as `--resume` does, with and without checksums, in alternation; "
+                  f"medians of {s['sum_reps']}. Targets: write rate with >= 0.9 of without; read "
+                  "time with <= 1.3x of without.", "",
+                  "| | without | with | ratio | target met |", "|---|---|---|---|---|",
+                  f"| write | {s['write_without']:.3f} s | {s['write_with']:.3f} s | rate "
+                  f"{s['write_ratio']:.3f} | {'yes' if s['write_ratio'] >= 0.9 else '**no**'} |",
+                  f"| read (resume) | {s['read_without']:.3f} s | {s['read_with']:.3f} s | time "
+                  f"{s['read_ratio']:.3f} | {'yes' if s['read_ratio'] <= 1.3 else '**no**'} |"]
     return "\n".join(lines) + "\n"
 
 

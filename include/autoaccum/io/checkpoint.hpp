@@ -93,7 +93,10 @@ struct Checkpoint {
 // model's own. The file's size is reserved on its file system before anything is written (a
 // full disk or quota is an InputError then, with nothing written and the older checkpoints
 // untouched). Returns the bytes written.
-std::int64_t write_checkpoint(const std::string& path, const Checkpoint& checkpoint, int keep = 2);
+// kOff writes or reads without checksums: only to measure what they cost (tests/bench).
+enum class Checksums { kOn, kOff };
+std::int64_t write_checkpoint(const std::string& path, const Checkpoint& checkpoint, int keep = 2,
+                              Checksums checksums = Checksums::kOn);
 // "c.h5" at step 40 -> "c.step40.h5" (a name without ".h5" gets ".step40" appended).
 std::string older_checkpoint_path(const std::string& path, std::int64_t step);
 // The older checkpoints kept beside `path`, newest first by the step in their names, then a
@@ -126,6 +129,6 @@ std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path);
 // CheckpointDamaged names the file and the dataset when one does not match, the file is
 // truncated or it is not an autoaccum checkpoint. A file written before checksums reads
 // unverified (`Checkpoint::verified` false).
-Checkpoint read_checkpoint(const std::string& path);
+Checkpoint read_checkpoint(const std::string& path, Checksums verify = Checksums::kOn);
 
 }  // namespace autoaccum::io
