@@ -2,7 +2,8 @@
 // reading it back whole (as --resume does), with and without them, in alternation.
 //   build/tests/bench/bench_checkpoint FOLDER [repetitions]
 // The checkpoint is the checkpoint benchmark's (docs/benchmarks.md): an MLP 784-4096-4096-4096-10
-// in float32 (36.8M parameters) and SGD momentum's state of the same size, 281 MiB in all.
+// in float32 (36.8M parameters) and SGD momentum's state of the same size, streamed as training
+// streams it, 281 MiB in all.
 // Prints one line per repetition and mode, then the medians and their ratios.
 #include <torch/torch.h>
 
@@ -37,10 +38,19 @@ int main(int argc, char** argv) {
     c.params.emplace_back(layer + ".bias", torch::randn({widths[i + 1]}));
     values += widths[i + 1] * (widths[i] + 1);
   }
-  // The momentum buffers as LibTorch serializes them: bytes of the same size as the parameters.
-  c.optimizer.resize(static_cast<std::size_t>(values * 4));
-  for (std::size_t i = 0; i < c.optimizer.size(); i += 4096)
-    c.optimizer[i] = static_cast<char>(i / 4096);
+  // The momentum buffers as training writes them: streamed from LibTorch's serializer, a record
+  // per tensor (here its bytes, in the parameters' sizes).
+  std::string momentum(static_cast<std::size_t>(values * 4), '\0');
+  for (std::size_t i = 0; i < momentum.size(); i += 4096)
+    momentum[i] = static_cast<char>(i / 4096);
+  c.stream_optimizer = [&](const io::ByteSink& sink) {
+    std::size_t at = 0;
+    for (const auto& [name, tensor] : c.params) {
+      const auto bytes = static_cast<std::size_t>(tensor.nbytes());
+      if (sink(momentum.data() + at, bytes) != bytes) return;
+      at += bytes;
+    }
+  };
   c.generator_states = {std::string(5064, 'r')};
 
   const std::string path = folder + "/bench-checkpoint.h5";
@@ -60,7 +70,7 @@ int main(int argc, char** argv) {
       start = now();
       const io::Checkpoint back = io::read_checkpoint(path, mode.checksums);
       mode.read.push_back(now() - start);
-      if (back.params.size() != c.params.size() ||
+      if (back.params.size() != c.params.size() || back.optimizer != momentum ||
           back.verified != (mode.checksums == io::Checksums::kOn)) {
         std::fprintf(stderr, "bench_checkpoint: the checkpoint read back differs\n");
         return 1;
