@@ -47,8 +47,7 @@ void inspect_checkpoint(const std::string& path) {
   std::cout << path << "\n  autoaccum checkpoint after step " << c.step << " (epoch " << c.epoch
             << "), written by " << c.world_size << " rank(s), micro-batch " << c.micro_batch
             << "\n  " << c.params.size() << " parameter tensors (" << values << " values), "
-            << c.buffers.size() << " buffers, optimizer state " << c.optimizer.size()
-            << " bytes\n";
+            << c.buffers.size() << " buffers, optimizer state " << c.optimizer.size() << " bytes\n";
   if (c.verified)
     std::cout << "  verified: " << c.verified_datasets
               << " datasets and the attributes match their checksums" << std::endl;
@@ -86,14 +85,13 @@ void verify_data_checksums(const hdf5::File& file, const std::string& path) {
       const auto reached = static_cast<int>(4 * (before + done) / total);
       if (reached > quarters && reached < 4) {
         quarters = reached;
-        std::cout << "  verifying checksums: " << 25 * reached << "% of "
-                  << std::setprecision(3) << static_cast<double>(total) / (1 << 30) << " GiB"
-                  << std::endl;
+        std::cout << "  verifying checksums: " << 25 * reached << "% of " << std::setprecision(3)
+                  << static_cast<double>(total) / (1 << 30) << " GiB" << std::endl;
       }
     };
     const auto actual = hdf5::data_checksum(dataset, progress);
-    const hdf5::Verdict verdict = actual ? hdf5::verify_checksum(dataset, *actual)
-                                         : hdf5::Verdict::kUnknownAlgorithm;
+    const hdf5::Verdict verdict =
+        actual ? hdf5::verify_checksum(dataset, *actual) : hdf5::Verdict::kUnknownAlgorithm;
     if (verdict == hdf5::Verdict::kDamaged)
       throw InputError("'" + path + "' is damaged: dataset '" + dataset.name() +
                        "' does not match its checksum");

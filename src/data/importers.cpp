@@ -338,9 +338,9 @@ void write_documents(const std::string& path, const std::vector<std::string>& do
   write_atomically(path, [&](const std::string& temporary) {
     auto file = hdf5::File::create(temporary);
     {
-      auto set = hdf5::write_with_checksum(file, "tokens", hdf5::DType::kUInt8,
-                                           {static_cast<std::int64_t>(tokens.size())},
-                                           tokens.data());
+      auto set =
+          hdf5::write_with_checksum(file, "tokens", hdf5::DType::kUInt8,
+                                    {static_cast<std::int64_t>(tokens.size())}, tokens.data());
       set.write_attribute("encoding", std::string("integer"));
     }
     hdf5::write_with_checksum(file, "offsets", hdf5::DType::kInt64,

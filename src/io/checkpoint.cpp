@@ -257,7 +257,7 @@ void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryM
 }
 
 std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
-                                                               Verifier& verifier) {
+                                                              Verifier& verifier) {
   std::vector<Checkpoint::MemoryModelRecord> m;
   if (!file.has_dataset("memory_model/ranks") || !file.has_dataset("memory_model/points")) return m;
   auto ranks = file.dataset("memory_model/ranks");

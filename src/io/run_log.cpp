@@ -73,13 +73,13 @@ const std::vector<Field<CheckpointRow>>& checkpoint_fields() {
   return fields;
 }
 const std::vector<Field<ResumeRow>>& resume_fields() {
-  static const std::vector<Field<ResumeRow>> fields = {{"step", &ResumeRow::step},
-                                                       {"dropped_steps", &ResumeRow::dropped_steps},
-                                                       {"world_size", &ResumeRow::world_size},
-                                                       {"global_batch", &ResumeRow::global_batch},
-                                                       {"reshaped", &ResumeRow::reshaped},
-                                                       {"skipped_checkpoints",
-                                                        &ResumeRow::skipped_checkpoints}};
+  static const std::vector<Field<ResumeRow>> fields = {
+      {"step", &ResumeRow::step},
+      {"dropped_steps", &ResumeRow::dropped_steps},
+      {"world_size", &ResumeRow::world_size},
+      {"global_batch", &ResumeRow::global_batch},
+      {"reshaped", &ResumeRow::reshaped},
+      {"skipped_checkpoints", &ResumeRow::skipped_checkpoints}};
   return fields;
 }
 

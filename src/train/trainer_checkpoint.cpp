@@ -221,8 +221,7 @@ void Trainer::State::resume() {
                   << " (step " << c.step << ")" << std::endl;
       if (!c.verified)
         std::cout << "autoaccum: note: " << chosen
-                  << " was written before checkpoints had checksums: read unverified"
-                  << std::endl;
+                  << " was written before checkpoints had checksums: read unverified" << std::endl;
     }
     restore(c);
     checkpoint_step = step;

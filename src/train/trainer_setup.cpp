@@ -412,8 +412,8 @@ void Trainer::State::open_observers() {
       if (!root) return;
       if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
         io::ResumeRow resumed;
-        resumed.global_batch = options.global_batch_tokens > 0 ? options.global_batch_tokens
-                                                               : options.global_batch;
+        resumed.global_batch =
+            options.global_batch_tokens > 0 ? options.global_batch_tokens : options.global_batch;
         resumed.reshaped = reshaped ? 1 : 0;
         resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
         resumed.checkpoint = resumed_from;
