@@ -108,6 +108,21 @@ def digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def flip_a_bit(path, dataset, bit=0x08):
+    """Flips one bit in the middle of an HDF5 dataset's bytes on disk (a contiguous dataset), as
+    a failing disk would."""
+    import h5py  # the harness itself runs without h5py
+    with h5py.File(path, "r") as f:
+        d = f[dataset]
+        offset, size = d.id.get_offset(), d.id.get_storage_size()
+    assert offset is not None and size > 0, dataset
+    with open(path, "r+b") as f:
+        f.seek(offset + size // 2)
+        byte = f.read(1)[0]
+        f.seek(offset + size // 2)
+        f.write(bytes([byte ^ bit]))
+
+
 def older_checkpoint(path, step):
     """The name autoaccum keeps an older checkpoint under (c.h5 -> c.step40.h5)."""
     stem, suffix = (path[:-3], ".h5") if path.endswith(".h5") else (path, "")
@@ -191,8 +206,8 @@ def preempt_and_requeue(slurm, job, output, line, seconds=240, while_pending=Non
     during the stall at the latest). A job merely long enough to be signalled mid-run ended
     first on a fast machine (3000 steps in 4 s).
 
-    `while_pending()`, when given, runs once the job waits to be requeued, before it is released
-    (to damage its checkpoint, as a failing disk would)."""
+    `while_pending(job)`, when given, runs once the job waits to be requeued, before it is
+    released (to damage its checkpoint, as a failing disk would)."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
@@ -220,7 +235,7 @@ def preempt_and_requeue(slurm, job, output, line, seconds=240, while_pending=Non
         # requeued job then failed with exit code 1 before its script ran).
         if pending_since is not None and not released and time.monotonic() - pending_since >= 3:
             if while_pending:
-                while_pending()
+                while_pending(job)
             slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
             released = True
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):

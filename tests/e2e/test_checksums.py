@@ -10,7 +10,8 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import TempDirTest, autoaccum, digest, older_checkpoint, older_checkpoints, synth, text
+from harness import (TempDirTest, autoaccum, digest, flip_a_bit, older_checkpoint,
+                     older_checkpoints, synth, text)
 
 try:
     import xxhash
@@ -19,20 +20,6 @@ except ImportError:  # the CUDA wheel's environment; Debian's python3-xxhash els
 
 # What each kind of dataset --resume reads is flipped in (a contiguous dataset each).
 KINDS = ["params/3.weight", "optimizer/state", "rng/rank1", "memory_model/points"]
-
-
-def flip_a_bit(path, dataset):
-    """Flips one bit in the middle of a dataset's bytes on disk, as a failing disk would."""
-    with h5py.File(path, "r") as f:
-        d = f[dataset]
-        offset = d.id.get_offset()
-        size = d.id.get_storage_size()
-    assert offset is not None and size > 0, dataset
-    with open(path, "r+b") as f:
-        f.seek(offset + size // 2)
-        byte = f.read(1)[0]
-        f.seek(offset + size // 2)
-        f.write(bytes([byte ^ 0x08]))
 
 
 def params_of(path):
@@ -172,6 +159,28 @@ class Checksums(TempDirTest):
         r = autoaccum(1, "inspect", plain)
         self.assertEqual(r.returncode, 0, r)
         self.assertIn("checksums: none stored", r.stdout)
+
+    def test_export_verifies_and_refuses_a_damaged_checkpoint_writing_nothing(self):
+        x, y = um.classification_data(64, (6,), 3, seed=6)
+        data = um.write_data(self.path("export.h5"), x, y, classes=3)
+        model = um.save_scripted(um.LinearBn(), self.path("linear-bn.pt"))
+        checkpoint, out = self.path("export.ckpt.h5"), self.path("trained.pt")
+        r = autoaccum(2, "train", "--data", data, "--model-file", model, "--threads", 1,
+                      "--global-batch", 16, "--steps", 2, "--checkpoint", checkpoint, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        r = autoaccum(1, "export", "--checkpoint", checkpoint, "--model-file", model, "--out", out)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("from step 2 (checksums verified) to", r.stdout)
+        os.remove(out)
+        with h5py.File(checkpoint, "r") as f:
+            buffer = "buffers/" + text(f.attrs["buffers_names"][0])
+        flip_a_bit(checkpoint, buffer)
+        r = autoaccum(1, "export", "--checkpoint", checkpoint, "--model-file", model, "--out", out)
+        self.assertEqual(r.returncode, 1, r)
+        self.assertEqual(um.error_lines(r), [
+            f"autoaccum: error: checkpoint '{checkpoint}' is damaged: dataset '{buffer}' does not "
+            "match its checksum"], r)
+        self.assertFalse(os.path.exists(out))
 
     def test_keep_checkpoints_keeps_the_last_n_and_bad_values_are_one_line(self):
         run = self.folder("keep")

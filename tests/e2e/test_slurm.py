@@ -12,7 +12,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, autoaccum, older_checkpoints, preempt_and_requeue
+from harness import BIN, autoaccum, flip_a_bit, older_checkpoints, preempt_and_requeue
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SBATCH = os.path.join(ROOT, "jobs", "slurm", "train.sbatch")
@@ -110,6 +110,20 @@ class Slurm(unittest.TestCase):
         self.assertEqual(rows[0].split()[1:4], ["completed", "2", "100"])
         self.assertEqual(rows[1].split()[1:4], ["completed", "2", "200"])
 
+    def preempted_job(self, steps, stall_at, log_every, while_pending=None):
+        """Submits train.sbatch for `steps` steps with rank 0 stalled 20 s at `stall_at`, preempts
+        it when it prints that step (preempt_and_requeue) and waits for the requeued job's end.
+        Returns the job id, its output and its (state, restarts, exit code)."""
+        r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                       "--data", self.data, "--steps", steps, "--log-every", log_every,
+                       "--inject-stall", f"rank=0,step={stall_at},seconds=20")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip().split(";")[0]
+        state = preempt_and_requeue(self.slurm, job, f"{self.dir}/runs/slurm-{job}.out",
+                                    f"step {stall_at}/{steps}", while_pending=while_pending)
+        with open(f"{self.dir}/runs/slurm-{job}.out") as out:
+            return job, out.read(), state
+
     def test_preempted_job_is_requeued_resumes_and_matches_an_uninterrupted_run(self):
         # The signal is sent when "step 150/3000" is printed (150 steps done, step 100's try of
         # the size it lowered from among them) and reaches the job during the 20 s stall that
@@ -117,18 +131,10 @@ class Slurm(unittest.TestCase):
         # a signal sent after 100 logged steps). The requeued job resumes at 150 and stalls
         # again; it sleeps, nothing else changes. 3000 steps take 10-40 s.
         steps = "3000"
-        r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
-                       "--data", self.data, "--steps", steps, "--log-every", "50",
-                       "--inject-stall", "rank=0,step=150,seconds=20")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        job = r.stdout.strip().split(";")[0]
+        job, output, state = self.preempted_job(steps, 150, "50")
         log = f"{self.dir}/runs/{job}.h5"
         checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
-        state, restarts, exit_code = preempt_and_requeue(
-            self.slurm, job, f"{self.dir}/runs/slurm-{job}.out", f"step 150/{steps}")
-        with open(f"{self.dir}/runs/slurm-{job}.out") as out:
-            output = out.read()
-        self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
+        self.assertEqual(state, ("COMPLETED", 1, "0:0"), output)
         self.assertIn("Exited with exit code 4", output)
         self.assertIn("requeueing job", output)
         # At a step's end, or between two micro-batches of the next one (then dropped).
@@ -161,33 +167,20 @@ class Slurm(unittest.TestCase):
         # newest checkpoint's parameters flips on disk. The requeued job passes over it, says so,
         # resumes from the older one kept beside it and ends where an uninterrupted run ends.
         steps = "120"
-        r = self.slurm("sbatch", "--parsable", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
-                       "--data", self.data, "--steps", steps, "--log-every", "10",
-                       "--inject-stall", "rank=0,step=60,seconds=20")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        job = r.stdout.strip().split(";")[0]
-        checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
         kept = []
 
-        def damage():
+        def damage(job):
+            checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
             with h5py.File(checkpoint, "r") as f:
-                d = f["params"][sorted(f["params"].keys())[0]]
-                offset, size = d.id.get_offset(), d.id.get_storage_size()
-            with open(checkpoint, "r+b") as f:
-                f.seek(offset + size // 2)
-                byte = f.read(1)[0]
-                f.seek(offset + size // 2)
-                f.write(bytes([byte ^ 0x04]))
+                first = "params/" + sorted(f["params"].keys())[0]
+            flip_a_bit(checkpoint, first, bit=0x04)
             for older in older_checkpoints(checkpoint):
                 with h5py.File(older, "r") as f:
                     kept.append((older, int(f.attrs["step"])))
 
-        state, restarts, exit_code = preempt_and_requeue(
-            self.slurm, job, f"{self.dir}/runs/slurm-{job}.out", f"step 60/{steps}",
-            while_pending=damage)
-        with open(f"{self.dir}/runs/slurm-{job}.out") as out:
-            output = out.read()
-        self.assertEqual((state, restarts, exit_code), ("COMPLETED", 1, "0:0"), output)
+        job, output, state = self.preempted_job(steps, 60, "10", while_pending=damage)
+        checkpoint = f"{self.dir}/runs/{job}.ckpt.h5"
+        self.assertEqual(state, ("COMPLETED", 1, "0:0"), output)
         self.assertTrue(kept, "an older checkpoint is kept beside the newest")
         older, older_step = kept[0]
         self.assertIn(f"skipped checkpoint '{checkpoint}' is damaged: dataset 'params/", output)
