@@ -166,8 +166,44 @@ class Verifier {
   // `data`, `bytes`: the dataset's elements just read, as memory holds them.
   void check(const hdf5::Dataset& dataset, const void* data, std::size_t bytes) {
     if (!required_) return;
+    compare(dataset, Checksum::of(data, bytes));
+  }
+  // Reads all `rows` of `dataset` (of `row_bytes` each, as `type`) into `out` and checks them.
+  // A large dataset is read in pieces, each hashed on a second thread while the next is read,
+  // so that verifying costs little more than reading.
+  void read_checked(const hdf5::Dataset& dataset, std::int64_t rows, std::int64_t row_bytes,
+                    hdf5::DType type, void* out) {
+    constexpr std::int64_t kPiece = std::int64_t{32} << 20;
+    auto* bytes = static_cast<unsigned char*>(out);
+    if (!required_ || rows * row_bytes <= kPiece) {
+      if (rows > 0) dataset.read_rows(0, rows, type, out);
+      check(dataset, out, static_cast<std::size_t>(rows * row_bytes));
+      return;
+    }
+    Checksum sum;
+    std::future<void> hashing;  // after `sum`: destroyed (waited for) first
+    const std::int64_t step =
+        std::max<std::int64_t>(1, kPiece / std::max<std::int64_t>(1, row_bytes));
+    for (std::int64_t first = 0; first < rows; first += step) {
+      const std::int64_t count = std::min(step, rows - first);
+      unsigned char* piece = bytes + first * row_bytes;
+      dataset.read_rows(first, count, type, piece);
+      if (hashing.valid()) hashing.get();
+      hashing = std::async(std::launch::async, [&sum, piece, n = count * row_bytes] {
+        sum.add(piece, static_cast<std::size_t>(n));
+      });
+    }
+    hashing.get();
+    compare(dataset, sum.text());
+  }
+
+  bool verified() const { return required_; }
+  std::int64_t checked() const { return checked_; }
+
+ private:
+  void compare(const hdf5::Dataset& dataset, const std::string& actual) {
     const char* problem = nullptr;
-    switch (hdf5::verify_checksum(dataset, Checksum::of(data, bytes))) {
+    switch (hdf5::verify_checksum(dataset, actual)) {
       case hdf5::Verdict::kVerified:
         ++checked_;
         return;
@@ -184,10 +220,7 @@ class Verifier {
     throw CheckpointDamaged("checkpoint '" + path_ + "' is damaged: dataset '" + dataset.name() +
                             "' " + problem);
   }
-  bool verified() const { return required_; }
-  std::int64_t checked() const { return checked_; }
 
- private:
   std::string path_;
   bool required_;
   std::int64_t checked_ = 0;
@@ -200,8 +233,9 @@ at::Tensor read_tensor(const hdf5::File& file, const std::string& name, Verifier
   if (type == hdf5::DType::kOther)
     throw InputError("'" + file.path() + "', dataset '" + name + "' has an unsupported type");
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(scalar_of(type)));
-  if (t.numel() > 0) dataset.read_rows(0, shape.at(0), type, t.data_ptr());
-  verifier.check(dataset, t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
+  const std::int64_t rows = t.numel() > 0 ? shape.at(0) : 0;
+  verifier.read_checked(dataset, rows, rows > 0 ? static_cast<std::int64_t>(t.nbytes()) / rows : 0,
+                        type, t.data_ptr());
   return t;
 }
 
@@ -303,10 +337,8 @@ std::vector<std::int64_t> read_integers(hdf5::File& file, const std::string& nam
 std::string read_bytes(hdf5::File& file, const std::string& name, Verifier& verifier) {
   auto dataset = file.dataset(name);
   std::string bytes(static_cast<std::size_t>(dataset.shape().at(0)), '\0');
-  if (!bytes.empty())
-    dataset.read_rows(0, static_cast<std::int64_t>(bytes.size()), hdf5::DType::kUInt8,
-                      bytes.data());
-  verifier.check(dataset, bytes.data(), bytes.size());
+  verifier.read_checked(dataset, static_cast<std::int64_t>(bytes.size()), 1, hdf5::DType::kUInt8,
+                        bytes.data());
   return bytes;
 }
 

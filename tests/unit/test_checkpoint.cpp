@@ -221,6 +221,41 @@ TEST(Checkpoint, EveryDatasetIsVerifiedAndABitFlipInAnyNamesItAndFallsBack) {
   }
 }
 
+TEST(Checkpoint, ALargeTensorIsReadAndVerifiedInPiecesAndAFlipInAnyPieceIsFound) {
+  // 48 MiB of parameters and 40 MiB of optimizer bytes: read in 32 MiB pieces, each hashed while
+  // the next is read. Equal values back, then a flip near the end (in the last piece) is found.
+  const std::string path = unit_path("pieces");
+  Checkpoint c;
+  c.step = 1;
+  c.params = {{"big", torch::arange(12 << 20, torch::kFloat).reshape({3 << 10, 4 << 10})}};
+  c.optimizer.resize(std::size_t{40} << 20);
+  for (std::size_t i = 0; i < c.optimizer.size(); i += 977)
+    c.optimizer[i] = static_cast<char>(i % 251);
+  write_checkpoint(path, c, 1);
+  const Checkpoint back = read_checkpoint(path);
+  EXPECT_TRUE(back.verified);
+  EXPECT_TRUE(torch::equal(back.params.at(0).second, c.params[0].second));
+  EXPECT_EQ(back.optimizer, c.optimizer);
+  for (const auto& [dataset, type] : std::vector<std::pair<std::string, hdf5::DType>>{
+           {"params/big", hdf5::DType::kFloat32}, {"optimizer/state", hdf5::DType::kUInt8}}) {
+    write_checkpoint(path, c, 1);
+    std::int64_t offset = 0, bytes = 0;
+    {
+      const auto file = hdf5::File::open(path);
+      offset = *file.dataset(dataset).raw_offset(type);
+      bytes = dataset == "optimizer/state" ? static_cast<std::int64_t>(c.optimizer.size())
+                                           : c.params[0].second.nbytes();
+    }
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const unsigned char byte = 0x5a;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset + bytes - 3)), 1);
+    ::close(fd);
+    EXPECT_THROW(read_checkpoint(path), CheckpointDamaged) << dataset;
+  }
+  remove_all(path);
+}
+
 TEST(Checkpoint, AChangedAttributeATruncatedFileAndNoWholeOneAreRefused) {
   const std::string path = unit_path("attributes");
   write_checkpoint(path, of_every_kind(10));
