@@ -4,8 +4,6 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -17,11 +15,12 @@
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/hdf5/checksums.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
+#include "checkpoint_files.hpp"
 
 namespace autoaccum::io {
 namespace {
 
-constexpr const char* kFormat = "autoaccum.checkpoint";
+constexpr const char* kFormat = kCheckpointFormat;
 
 // The checksums a write computes and stores beside each dataset; none at all (not even
 // computed) with Checksums::kOff, which only benchmarks ask for.
@@ -434,108 +433,6 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
 }
 
 }  // namespace
-
-namespace {
-
-// "c.h5" -> ("c", ".h5"); "c" -> ("c", "").
-std::pair<std::string, std::string> stem_and_suffix(const std::string& path) {
-  constexpr const char* kSuffix = ".h5";
-  const auto slash = path.find_last_of('/');
-  const std::size_t name_at = slash == std::string::npos ? 0 : slash + 1;
-  if (path.size() > name_at + 3 && path.compare(path.size() - 3, 3, kSuffix) == 0)
-    return {path.substr(0, path.size() - 3), kSuffix};
-  return {path, ""};
-}
-
-// The step in an older checkpoint's name, or -1 when `name` is not one of `path`'s.
-std::int64_t step_in_name(const std::string& path, const std::string& candidate) {
-  const auto [stem, suffix] = stem_and_suffix(path);
-  const std::string head = stem + ".step";
-  if (candidate.size() <= head.size() + suffix.size() || candidate.compare(0, head.size(), head))
-    return -1;
-  if (candidate.compare(candidate.size() - suffix.size(), suffix.size(), suffix)) return -1;
-  const std::string digits =
-      candidate.substr(head.size(), candidate.size() - head.size() - suffix.size());
-  if (digits.empty() || digits.size() > 18 ||
-      !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-    return -1;
-  return std::stoll(digits);
-}
-
-// The checkpoint steps of older files beside `path` (newest first).
-std::vector<std::pair<std::int64_t, std::string>> older_by_step(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : path.substr(0, slash);
-  const std::string prefix = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-  std::vector<std::pair<std::int64_t, std::string>> found;
-  DIR* dir = ::opendir(folder.c_str());
-  if (dir == nullptr) return found;
-  while (const dirent* entry = ::readdir(dir)) {
-    const std::string candidate = prefix + entry->d_name;
-    const std::int64_t step = step_in_name(path, candidate);
-    if (step >= 0) found.emplace_back(step, candidate);
-  }
-  ::closedir(dir);
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
-  return found;
-}
-
-// The step of the checkpoint at `path`, or nothing when it cannot be read (then it is not kept:
-// it is no checkpoint to go back to).
-std::optional<std::int64_t> step_of(const std::string& path) {
-  try {
-    const auto file = hdf5::File::open(path);
-    if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat)
-      return std::nullopt;
-    return file.read_int_attribute("step");
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-// Keeps the checkpoint now at `path` under its step's name, as a second name of the same file:
-// `path` never goes missing, whenever a kill lands. Where the file system has no hard links, it
-// is renamed instead (a kill before the new one's rename then leaves only the older name, which
-// --resume finds).
-void keep_current(const std::string& path) {
-  if (::access(path.c_str(), F_OK) != 0) return;
-  const std::optional<std::int64_t> step = step_of(path);
-  if (!step) return;
-  const std::string older = older_checkpoint_path(path, *step);
-  const std::string staged = path + ".tmp.older." + std::to_string(::getpid());
-  std::remove(staged.c_str());
-  const bool linked = ::link(path.c_str(), staged.c_str()) == 0;
-  if (linked ? std::rename(staged.c_str(), older.c_str()) != 0
-             : std::rename(path.c_str(), older.c_str()) != 0) {
-    if (linked) std::remove(staged.c_str());
-    throw InputError("cannot keep the previous checkpoint as '" + older + "' (" +
-                     std::strerror(errno) + ")");
-  }
-}
-
-// Removes the kept checkpoints beyond the newest `keep - 1` (and a `.prev` of older versions,
-// now that a newer checkpoint is whole). Best effort: a file that cannot be removed stays.
-void remove_beyond(const std::string& path, int keep) {
-  const auto older = older_by_step(path);
-  for (std::size_t i = static_cast<std::size_t>(std::max(keep - 1, 0)); i < older.size(); ++i)
-    std::remove(older[i].second.c_str());
-  std::remove((path + ".prev").c_str());
-}
-
-}  // namespace
-
-std::string older_checkpoint_path(const std::string& path, std::int64_t step) {
-  const auto [stem, suffix] = stem_and_suffix(path);
-  return stem + ".step" + std::to_string(step) + suffix;
-}
-
-std::vector<std::string> older_checkpoints(const std::string& path) {
-  std::vector<std::string> paths;
-  for (const auto& [step, older] : older_by_step(path))
-    paths.push_back(older);
-  if (::access((path + ".prev").c_str(), F_OK) == 0) paths.push_back(path + ".prev");
-  return paths;
-}
 
 std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int keep,
                               Checksums checksums) {

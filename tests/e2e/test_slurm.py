@@ -124,6 +124,20 @@ class Slurm(unittest.TestCase):
         with open(f"{self.dir}/runs/slurm-{job}.out") as out:
             return job, out.read(), state
 
+    def assert_equals_an_uninterrupted_run(self, checkpoint, steps):
+        """The job's final checkpoint equals, bit for bit, the same job run uninterrupted under
+        mpirun."""
+        reference = f"{self.dir}/reference-{steps}.ckpt.h5"
+        r = autoaccum(2, "train", "--config", CONFIG, "--data", self.data, "--steps", steps,
+                      "--checkpoint", reference, "--log-every", 0, timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
+            self.assertEqual(int(a.attrs["step"]), int(steps))
+            names = list(b["params"].keys())
+            self.assertTrue(names)
+            for name in names:
+                np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
+
     def test_preempted_job_is_requeued_resumes_and_matches_an_uninterrupted_run(self):
         # The signal is sent when "step 150/3000" is printed (150 steps done, step 100's try of
         # the size it lowered from among them) and reaches the job during the 20 s stall that
@@ -150,17 +164,7 @@ class Slurm(unittest.TestCase):
             self.assertEqual(oom_steps[0], 0)
             self.assertLessEqual(len(oom_steps), 2, oom_steps)
             self.assertTrue(all(s < stopped for s in oom_steps), (oom_steps, stopped))
-        # The same job, uninterrupted, under mpirun.
-        reference = f"{self.dir}/reference.ckpt.h5"
-        r = autoaccum(2, "train", "--config", CONFIG, "--data", self.data, "--steps", steps,
-                      "--checkpoint", reference, "--log-every", 0, timeout=120)
-        self.assertEqual(r.returncode, 0, r)
-        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
-            self.assertEqual(int(a.attrs["step"]), int(steps))
-            names = list(b["params"].keys())
-            self.assertTrue(names)
-            for name in names:
-                np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
+        self.assert_equals_an_uninterrupted_run(checkpoint, steps)
 
     def test_a_requeued_job_whose_checkpoint_was_damaged_resumes_from_the_newest_whole_one(self):
         # Preempted during a stall at step 60; while the job waits to be requeued, one bit of its
@@ -190,14 +194,7 @@ class Slurm(unittest.TestCase):
         with h5py.File(f"{self.dir}/runs/{job}.h5", "r") as f:
             np.testing.assert_array_equal(f["steps/step"][:], np.arange(int(steps)))
             np.testing.assert_array_equal(f["resumes/skipped_checkpoints"][:], [1])
-        reference = f"{self.dir}/reference-{steps}.ckpt.h5"
-        r = autoaccum(2, "train", "--config", CONFIG, "--data", self.data, "--steps", steps,
-                      "--checkpoint", reference, "--log-every", 0, timeout=120)
-        self.assertEqual(r.returncode, 0, r)
-        with h5py.File(checkpoint, "r") as a, h5py.File(reference, "r") as b:
-            self.assertEqual(int(a.attrs["step"]), int(steps))
-            for name in b["params"].keys():
-                np.testing.assert_array_equal(a[f"params/{name}"][:], b[f"params/{name}"][:], name)
+        self.assert_equals_an_uninterrupted_run(checkpoint, steps)
 
     def test_a_later_job_continues_the_run_on_fewer_ranks(self):
         # Job A: 2 ranks, 40 steps. Job B continues A's run on 1 rank to 80 steps. The result
