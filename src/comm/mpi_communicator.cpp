@@ -174,6 +174,27 @@ void MpiCommunicator::do_allreduce_sum(double* data, std::size_t count, const ch
             what ? what : "MPI_Allreduce(double, sum)");
 }
 
+void MpiCommunicator::do_reduce_scatter_sum(float* data, std::size_t chunk, const char* what) {
+  if (chunk > kMaxChunk)
+    throw CommError("reduce-scatter: " + std::to_string(chunk) + " floats per rank is too many");
+  const Watchdog::Guard guard(watchdog(), what ? what : "MPI_Reduce_scatter_block(float, sum)");
+  check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, data, static_cast<int>(chunk), MPI_FLOAT,
+                                     MPI_SUM, comm_),
+            what ? what : "MPI_Reduce_scatter_block");
+  // In place, MPI leaves this rank's sum at the start of the buffer; its place is its chunk.
+  if (rank_ > 0 && chunk > 0)
+    std::memcpy(data + static_cast<std::size_t>(rank_) * chunk, data, chunk * sizeof(float));
+}
+
+void MpiCommunicator::do_allgather_in_place(float* data, std::size_t chunk, const char* what) {
+  if (chunk > kMaxChunk)
+    throw CommError("all-gather: " + std::to_string(chunk) + " floats per rank is too many");
+  const Watchdog::Guard guard(watchdog(), what ? what : "MPI_Allgather(float)");
+  check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(chunk),
+                          MPI_FLOAT, comm_),
+            what ? what : "MPI_Allgather");
+}
+
 void MpiCommunicator::allreduce_max(std::int64_t* values, std::size_t count) {
   allreduce(values, count, MPI_INT64_T, sizeof(std::int64_t), MPI_MAX, "MPI_Allreduce(int64, max)");
 }

@@ -279,22 +279,21 @@ void throw_if_aborted(const NcclCommunicator::Impl& impl, int rank) {
     throw CommError("rank " + std::to_string(rank) + ": NCCL communicator was aborted");
 }
 
-// Queues the sum on NCCL's stream after what the model's stream has queued (the backward pass
-// that wrote the buffer), on the device: no host synchronisation. Returns once NCCL has it on
-// its stream.
-void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
-                          ncclDataType_t type) {
+// Queues a collective on NCCL's stream after what the model's stream has queued (the backward
+// pass that wrote the buffer), on the device: no host synchronisation. `issue` makes the NCCL
+// call (named `call`) on that stream. Returns once NCCL has it on its stream.
+template <class Issue>
+void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, const char* call, Issue issue) {
   cuda_check(rank, cudaEventRecord(impl.produced, impl.compute_stream), "cudaEventRecord");
   cuda_check(rank, cudaStreamWaitEvent(impl.stream, impl.produced, 0), "cudaStreamWaitEvent");
-  const ncclResult_t issued =
-      ncclAllReduce(data, data, count, type, ncclSum, impl.comm, impl.stream);
+  const ncclResult_t issued = issue();
   if (issued != ncclSuccess && issued != ncclInProgress) {
-    throw_nccl_failure(impl, "ncclAllReduce", rank, issued);
+    throw_nccl_failure(impl, call, rank, issued);
   }
   // A non-blocking communicator may return ncclInProgress before the work is on the stream: an
   // event recorded now would precede it. Wait until NCCL says the call is enqueued.
   if (issued == ncclInProgress) {
-    wait_for(impl, "ncclAllReduce (enqueue)", rank, [&] {
+    wait_for(impl, "NCCL collective (enqueue)", rank, [&] {
       ncclResult_t state = ncclInProgress;
       ncclCommGetAsyncError(impl.comm, &state);
       return state == ncclSuccess;
@@ -302,29 +301,42 @@ void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, void* data, st
   }
 }
 
-void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
-                      ncclDataType_t type) {
-  throw_if_aborted(impl, rank);
-  if (count == 0) return;
-  queue_on_nccl_stream(impl, rank, data, count, type);
-  // The event follows everything queued on NCCL's stream: this sum and the buckets queued
-  // before it (--overlap).
+void queue_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
+                          ncclDataType_t type) {
+  queue_on_nccl_stream(impl, rank, "ncclAllReduce", [&] {
+    return ncclAllReduce(data, data, count, type, ncclSum, impl.comm, impl.stream);
+  });
+}
+
+// Waits, with the deadline, until everything queued on NCCL's stream is done, and orders the
+// model's stream after it.
+void complete_on_nccl_stream(NcclCommunicator::Impl& impl, int rank, const char* call) {
+  // The event follows everything queued on NCCL's stream: this collective and the buckets
+  // queued before it (--overlap).
   cuda_check(rank, cudaEventRecord(impl.reduced, impl.stream), "cudaEventRecord");
   // The model's stream reads the reduced buffer only after NCCL wrote it ...
   cuda_check(rank, cudaStreamWaitEvent(impl.compute_stream, impl.reduced, 0),
              "cudaStreamWaitEvent");
   // ... and the host, which reads the agreed flags next, waits on the same event, with the
   // deadline: a peer that died shows as an event that never completes.
-  wait_for(impl, "ncclAllReduce", rank, [&] {
+  wait_for(impl, call, rank, [&] {
     const cudaError_t state = cudaEventQuery(impl.reduced);
     if (state == cudaSuccess) return true;
     if (state != cudaErrorNotReady) {
       cudaGetLastError();
-      throw CommError("rank " + std::to_string(rank) +
-                      ": CUDA error during ncclAllReduce: " + cudaGetErrorString(state));
+      throw CommError("rank " + std::to_string(rank) + ": CUDA error during " + call + ": " +
+                      cudaGetErrorString(state));
     }
     return false;
   });
+}
+
+void device_allreduce(NcclCommunicator::Impl& impl, int rank, void* data, std::size_t count,
+                      ncclDataType_t type) {
+  throw_if_aborted(impl, rank);
+  if (count == 0) return;
+  queue_on_nccl_stream(impl, rank, data, count, type);
+  complete_on_nccl_stream(impl, rank, "ncclAllReduce");
 }
 
 }  // namespace
@@ -344,6 +356,29 @@ void NcclCommunicator::do_queue_allreduce_sum(float* data, std::size_t count, co
 void NcclCommunicator::do_allreduce_sum(double* data, std::size_t count, const char* what) {
   const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllReduce(double, sum)");
   device_allreduce(*impl_, rank(), data, count, ncclFloat64);
+}
+
+void NcclCommunicator::do_reduce_scatter_sum(float* data, std::size_t chunk, const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclReduceScatter(float, sum)");
+  throw_if_aborted(*impl_, rank());
+  if (chunk == 0) return;
+  // In place: NCCL's result for this rank is its own chunk of the buffer.
+  float* mine = data + static_cast<std::size_t>(rank()) * chunk;
+  queue_on_nccl_stream(*impl_, rank(), "ncclReduceScatter", [&] {
+    return ncclReduceScatter(data, mine, chunk, ncclFloat32, ncclSum, impl_->comm, impl_->stream);
+  });
+  complete_on_nccl_stream(*impl_, rank(), "ncclReduceScatter");
+}
+
+void NcclCommunicator::do_allgather_in_place(float* data, std::size_t chunk, const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllGather(float)");
+  throw_if_aborted(*impl_, rank());
+  if (chunk == 0) return;
+  const float* mine = data + static_cast<std::size_t>(rank()) * chunk;
+  queue_on_nccl_stream(*impl_, rank(), "ncclAllGather", [&] {
+    return ncclAllGather(mine, data, chunk, ncclFloat32, impl_->comm, impl_->stream);
+  });
+  complete_on_nccl_stream(*impl_, rank(), "ncclAllGather");
 }
 
 int NcclCommunicator::device() const noexcept {
@@ -391,6 +426,8 @@ void NcclCommunicator::set_compute_stream(void*) noexcept {}
 void NcclCommunicator::do_allreduce_sum(float*, std::size_t, const char*) {}
 void NcclCommunicator::do_allreduce_sum(double*, std::size_t, const char*) {}
 void NcclCommunicator::do_queue_allreduce_sum(float*, std::size_t, const char*) {}
+void NcclCommunicator::do_reduce_scatter_sum(float*, std::size_t, const char*) {}
+void NcclCommunicator::do_allgather_in_place(float*, std::size_t, const char*) {}
 int NcclCommunicator::device() const noexcept {
   return -1;
 }

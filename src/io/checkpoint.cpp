@@ -396,6 +396,54 @@ void write_optimizer(hdf5::File& file, const Checkpoint& c, std::int64_t size,
   sums.store(state, sum);
 }
 
+// A float32 tensor from pieces of any size: staged into whole rows, written at most
+// kPieceBytes at a time.
+void write_streamed(hdf5::File& file, const Checkpoint::StreamedTensor& t,
+                    const WrittenSums& sums) {
+  std::vector<std::int64_t> shape = t.shape;
+  if (shape.empty()) shape = {1};
+  std::int64_t numel = 1;
+  for (const std::int64_t extent : shape)
+    numel *= extent;
+  const std::string name = "optimizer/" + t.name;
+  auto dataset = file.create_dataset(name, hdf5::DType::kFloat32, shape);
+  Checksum sum;
+  const std::int64_t row = shape[0] > 0 ? numel / shape[0] : 0;
+  const std::int64_t rows_per_write =
+      std::max<std::int64_t>(1, kPieceBytes / 4 / std::max<std::int64_t>(1, row));
+  const std::int64_t capacity = std::min(numel, rows_per_write * row);
+  std::vector<float> staged;
+  staged.reserve(static_cast<std::size_t>(capacity));
+  std::int64_t rows_written = 0, given = 0;
+  const auto flush = [&] {
+    const auto rows = static_cast<std::int64_t>(staged.size()) / std::max<std::int64_t>(1, row);
+    if (rows == 0) return;
+    sums.add_while(sum, staged.data(), staged.size() * sizeof(float), [&] {
+      dataset.write_rows(rows_written, rows, hdf5::DType::kFloat32, staged.data());
+    });
+    rows_written += rows;
+    staged.clear();
+  };
+  t.fill([&](const float* data, std::int64_t count) {
+    given += count;
+    if (given > numel)
+      throw Error("internal: optimizer state '" + t.name + "' was given more elements than it has");
+    while (count > 0) {
+      const std::int64_t take =
+          std::min(count, capacity - static_cast<std::int64_t>(staged.size()));
+      staged.insert(staged.end(), data, data + take);
+      data += take;
+      count -= take;
+      if (static_cast<std::int64_t>(staged.size()) == capacity) flush();
+    }
+  });
+  flush();
+  if (given != numel)
+    throw Error("internal: optimizer state '" + t.name + "' was given " + std::to_string(given) +
+                " of its " + std::to_string(numel) + " elements");
+  sums.store(dataset, sum);
+}
+
 // An upper bound of the file's size: its data, and what HDF5 adds (measured: about 8 KiB, 220
 // bytes per dataset for 400 datasets, 1.1 KiB per dataset for 12; here 8 KiB + 1 KiB per
 // dataset + the attributes' bytes twice).
@@ -403,6 +451,14 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
   std::int64_t data = optimizer_bytes;
   std::int64_t datasets = 9;  // optimizer/state, the 4 integer lists, the memory models, spare
   std::int64_t names = 0;
+  for (const auto& t : c.streamed_optimizer) {
+    std::int64_t numel = 1;
+    for (const std::int64_t extent : t.shape)
+      numel *= extent;
+    data += 4 * numel;
+    names += 2 * (static_cast<std::int64_t>(t.name.size()) + 1);
+    ++datasets;
+  }
   for (const auto* list : {&c.params, &c.buffers}) {
     for (const auto& [name, tensor] : *list) {
       data += stored_bytes(tensor);
@@ -456,7 +512,17 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
       write_tensor(file, "buffers/" + name, tensor, sums);
       buffer_names.push_back(name);
     }
-    write_optimizer(file, c, optimizer_bytes, sums);
+    if (c.stream_optimizer || !c.optimizer.empty()) write_optimizer(file, c, optimizer_bytes, sums);
+    std::vector<std::string> optimizer_names;
+    for (const auto& t : c.streamed_optimizer) {
+      write_streamed(file, t, sums);
+      optimizer_names.push_back(t.name);
+    }
+    if (!c.optimizer_kind.empty()) {
+      file.write_attribute("optimizer_kind", c.optimizer_kind);
+      file.write_attribute("optimizer_step", c.optimizer_step);
+      if (!optimizer_names.empty()) file.write_attribute("optimizer_names", optimizer_names);
+    }
     for (std::size_t r = 0; r < c.generator_states.size(); ++r)
       write_bytes(file, "rng/rank" + std::to_string(r), c.generator_states[r], sums);
     file.write_attribute("rng_ranks", static_cast<std::int64_t>(c.generator_states.size()));
@@ -573,7 +639,14 @@ Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
         file.has_attribute("rng_ranks") ? file.read_int_attribute("rng_ranks") : 0;
     for (std::int64_t r = 0; r < rng_ranks; ++r)
       c.generator_states.push_back(read_bytes(file, "rng/rank" + std::to_string(r), verifier));
-    c.optimizer = read_bytes(file, "optimizer/state", verifier);
+    if (file.has_dataset("optimizer/state"))
+      c.optimizer = read_bytes(file, "optimizer/state", verifier);
+    if (file.has_attribute("optimizer_kind")) {
+      c.optimizer_kind = file.read_string_attribute("optimizer_kind");
+      c.optimizer_step = file.read_int_attribute("optimizer_step");
+      for (const auto& name : names_under(file, "optimizer"))
+        c.optimizer_state.emplace_back(name, read_tensor(file, "optimizer/" + name, verifier));
+    }
     c.verified = verifier.verified();
     c.verified_datasets = verifier.checked();
     return c;

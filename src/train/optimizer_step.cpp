@@ -79,8 +79,9 @@ double square_sum(const at::Tensor& values) {
   return total;
 }
 
-OptimizerStep::OptimizerStep(const TrainOptions& options, const std::vector<at::Tensor>& trainable)
-    : options_(options) {
+OptimizerStep::OptimizerStep(const TrainOptions& options, const std::vector<at::Tensor>& trainable,
+                             std::function<double(double)> total)
+    : options_(options), total_(std::move(total)) {
   if (options.optimizer == "sgd") {
     optimizer_ =
         std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(options.lr)
@@ -100,7 +101,8 @@ OptimizerStep::~OptimizerStep() = default;
 OptimizerStep::Result OptimizerStep::apply(const at::Tensor& gradients, double loss, double lr) {
   // One read-only pass: the squares' sum is NaN or Inf when any element is, and its root is the
   // norm clipping needs; the same bits on every rank (square_sum).
-  const double norm = std::sqrt(square_sum(gradients));
+  const double squares = square_sum(gradients);
+  const double norm = std::sqrt(total_ ? total_(squares) : squares);
   if (!step_is_finite(loss, norm))
     return options_.on_nonfinite == "skip" ? Result::kSkipped : Result::kStop;
   if (options_.clip_grad_norm > 0 && norm > options_.clip_grad_norm)
@@ -119,6 +121,49 @@ OptimizerStep::Result OptimizerStep::apply(const at::Tensor& gradients, double l
                 ExitCode::kOutOfMemory);
   }
   return Result::kStepped;
+}
+
+std::vector<std::string> OptimizerStep::state_kinds() const {
+  if (options_.optimizer == "adamw") return {"exp_avg", "exp_avg_sq"};
+  if (options_.momentum != 0) return {"momentum_buffer"};
+  return {};
+}
+
+std::size_t OptimizerStep::stepped_count() const {
+  return optimizer_->param_groups().at(0).params().size();
+}
+
+at::Tensor OptimizerStep::state(std::size_t index, const std::string& kind) const {
+  const at::Tensor& p = optimizer_->param_groups().at(0).params().at(index);
+  auto& state = optimizer_->state();
+  using Map = std::remove_reference_t<decltype(state)>;
+  auto& s = *state.at(compat::optimizer_state_key<Map>(p));
+  if (options_.optimizer == "adamw") {
+    auto& adam = static_cast<torch::optim::AdamWParamState&>(s);
+    if (kind == "exp_avg") return adam.exp_avg();
+    if (kind == "exp_avg_sq") return adam.exp_avg_sq();
+  } else if (kind == "momentum_buffer") {
+    return static_cast<torch::optim::SGDParamState&>(s).momentum_buffer();
+  }
+  throw Error("internal: no optimizer state of kind '" + kind + "'");
+}
+
+std::int64_t OptimizerStep::step_count() const {
+  if (options_.optimizer != "adamw" || stepped_count() == 0) return 0;
+  const at::Tensor& p = optimizer_->param_groups().at(0).params().at(0);
+  auto& state = optimizer_->state();
+  using Map = std::remove_reference_t<decltype(state)>;
+  return static_cast<torch::optim::AdamWParamState&>(*state.at(compat::optimizer_state_key<Map>(p)))
+      .step();
+}
+
+void OptimizerStep::set_step_count(std::int64_t steps) {
+  if (options_.optimizer != "adamw") return;
+  auto& state = optimizer_->state();
+  using Map = std::remove_reference_t<decltype(state)>;
+  for (const auto& p : optimizer_->param_groups().at(0).params())
+    static_cast<torch::optim::AdamWParamState&>(*state.at(compat::optimizer_state_key<Map>(p)))
+        .step(steps);
 }
 
 void OptimizerStep::save_to(

@@ -36,7 +36,7 @@
 #include "autoaccum/train/objective.hpp"
 #include "autoaccum/train/observers.hpp"
 #include "autoaccum/train/optimizer_step.hpp"
-#include "autoaccum/train/reduce_buffer.hpp"
+#include "autoaccum/train/reducer.hpp"
 #include "autoaccum/train/schedule.hpp"
 #include "autoaccum/train/step_agreement.hpp"
 
@@ -73,8 +73,7 @@ void request_stop() noexcept {
 // A probe (probe_memory) runs only one micro-batch of size m (none when m is 0) and always rolls
 // back: it measures memory and changes nothing.
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe) {
-  reduce->zero();
-  if (bucketed) bucketed->begin();
+  reducer->begin();
   const std::int64_t tried_before = largest_tried;
   largest_tried = std::max(largest_tried, m);
   const std::int64_t previous = last_tried;
@@ -162,7 +161,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
                       [&](const auto& i) { return i.rank == rank && i.step == step; }))
         scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
       // --overlap: the last micro-batch's gradients go in buckets as backward completes them.
-      if (bucketed && &piece == &cut.pieces.back()) bucketed->arm(scaled);
+      if (&piece == &cut.pieces.back()) reducer->arm(scaled);
       // --inject-oom ...,backward=1: thrown from the first parameter's gradient hook.
       inject_in_backward.store(std::any_of(
           options.inject_oom.begin(), options.inject_oom.end(),
@@ -181,7 +180,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
             std::chrono::duration<double>((slow_factor - 1.0) * seconds_since(micro_start)));
       }
       if (!checked_views) {
-        if (!reduce->gradients_intact()) throw Error("internal: autograd replaced a gradient view");
+        if (!reducer->gradients_intact())
+          throw Error("internal: autograd replaced a gradient view");
         checked_views = true;
       }
       if (memory::peak_bytes() >= attempt_peak) {
@@ -191,7 +191,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     }
     if (!abandoned) {
       phase = AttemptPhase::kBuffers;
-      model_state->write_changes(reduce->view(buffer_region));
+      model_state->write_changes(reducer->part(Reducer::Part::kBuffers));
     }
     phase = AttemptPhase::kNone;
   } catch (const std::exception& e) {
@@ -227,10 +227,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   report.peak_shape = peak_shape;
   report.base_bytes = base_bytes;
   write_report(control, rank, report, control_values.data());
-  reduce->write(control_region, control_values.data());
+  at::Tensor slots = reducer->part(Reducer::Part::kControl);
+  const auto control_count = static_cast<std::int64_t>(control_values.size());
+  slots.copy_(at::from_blob(control_values.data(), {control_count}, at::kFloat));
   if (local_loss.defined()) {
     // On the device, without a host synchronisation: the values' exact float pieces.
-    at::Tensor slots = reduce->view(control_region);
     const auto pieces = static_cast<std::int64_t>(kExactSlots);
     slots.narrow(0, static_cast<std::int64_t>(control.loss(rank)), pieces)
         .copy_(exact_pieces(local_loss));
@@ -241,20 +242,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   // On a GPU, NCCL's stream waits for the backward pass through an event: the time below
   // includes backward kernels still queued.
   const auto reduce_start = Clock::now();
-  float* const all = reduce->all().data_ptr<float>();
-  const auto floats = static_cast<std::size_t>(reduce->all().numel());
-  if (bucketed) {
-    // The buckets not sent during backward go now, in order, on every rank (also one that ran
-    // out of memory: the collectives are the same whatever happened); then the tail, after the
-    // gradient region, which carries the flags every rank decides on.
-    bucketed->finish();
-    const auto tail = static_cast<std::size_t>(reduce->layout()[buffer_region].offset);
-    reduce_comm().allreduce_sum(all + tail, floats - tail, bucketed->tail_label());
-  } else {
-    reduce_comm().allreduce_sum(all, floats);
-  }
+  reducer->reduce();
   allreduce_seconds += seconds_since(reduce_start);
-  reduce->read(control_region, control_values.data());
+  at::from_blob(control_values.data(), {control_count}, at::kFloat)
+      .copy_(reducer->part(Reducer::Part::kControl));
 
   StepOutcome outcome = agree_on_step(control, control_values.data());
   if (!outcome.out_of_memory.empty()) ran_out_before = true;
@@ -266,8 +257,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   if (outcome.succeeded() && probe == ProbePiece::kNone) {
     // The mean over what the global batch counted, and the loss scale undone, in one pass.
     const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();
-    if (divisor != 1.0) reduce->view(gradient_region).mul_(1.0 / divisor);
-    model_state->apply_mean_change(reduce->view(buffer_region));
+    if (divisor != 1.0) reducer->gradients().mul_(1.0 / divisor);
+    model_state->apply_mean_change(reducer->part(Reducer::Part::kBuffers));
     guard->commit();
   }
   return outcome;  // otherwise the guard restores buffers and random state
@@ -425,7 +416,9 @@ TrainResult Trainer::run_steps() {
     // Step.
     const double lr = s.schedule.lr(s.step);
     const double loss_scale = s.loss_scale.value();
-    auto stepped = s.optimizer->apply(s.reduce->view(s.gradient_region), outcome.loss, lr);
+    auto stepped = s.optimizer->apply(s.reducer->gradients(), outcome.loss, lr);
+    // --shard optimizer: each rank updated its slice; every rank gets every slice.
+    if (stepped == OptimizerStep::Result::kStepped) s.reducer->after_step();
     // fp16: gradients that overflowed at this scale (the loss itself finite) are the scale's
     // doing. Every rank saw the same reduced gradients: all skip and halve together.
     const bool overflow = stepped != OptimizerStep::Result::kStepped &&

@@ -261,10 +261,20 @@ void Trainer::State::restore(const io::Checkpoint& c) {
       tensor.copy_(it->second.view(tensor.sizes()));
   }
   if (problem.empty()) {
-    try {
-      optimizer->load(c.optimizer, context.device);
-    } catch (const c10::Error& e) {
-      problem = "'" + options.checkpoint + "': optimizer state does not match: " + e.msg();
+    if (!c.optimizer_kind.empty()) {
+      const std::string wrong = optimizer_checkpoint->load(c);
+      if (!wrong.empty()) problem = "'" + options.checkpoint + "': " + wrong;
+    } else if (sharded()) {
+      problem = "'" + options.checkpoint +
+                "' holds its optimizer state in LibTorch's archive (autoaccum before --shard): "
+                "resume it once with --shard none, whose next checkpoint is written per "
+                "parameter";
+    } else {
+      try {
+        optimizer->load(c.optimizer, context.device);
+      } catch (const c10::Error& e) {
+        problem = "'" + options.checkpoint + "': optimizer state does not match: " + e.msg();
+      }
     }
   }
   // Each rank continues its own random stream; a checkpoint of another world size (or one
@@ -413,43 +423,59 @@ void Trainer::State::save_checkpoint() {
   const auto start = std::chrono::steady_clock::now();
   std::int64_t bytes = 0;
   comm::collectively(comm, [&] {
-    if (!root) return;
-    io::Checkpoint c;
-    c.step = step;
-    c.epoch = position(step).epoch;
-    c.micro_batch = micro_batches->current(0);
-    c.micro_batches = micro_batches->sizes();
-    if (options.balance) {
-      c.shares = shares->shares(step);
-      c.shares_after = shares->shares(step + 1);
-      if (sizes_follow_shares()) c.shares_followed = followed_shares;
+    if (!root) {
+      optimizer_checkpoint->finish_exchange();  // --shard optimizer: each owner's pieces
+      return;
     }
-    for (std::size_t r = 0; r < memory_models.size(); ++r) {
-      const MemoryModel::Record m = memory_models[r].record();
-      c.memory_models.push_back(io::Checkpoint::MemoryModelRecord{
-          m.points, m.failed_units, m.base, width_cost(static_cast<int>(r)).ratio});
+    try {
+      bytes = write_checkpoint_file(std::move(generators), std::move(fingerprints));
+    } catch (...) {
+      optimizer_checkpoint->finish_exchange();  // the others are waiting for those pieces
+      throw;
     }
-    c.world_size = world;
-    c.seed = options.seed;
-    c.data = data_order;
-    c.data.batch_in_epoch = position(step).batch;
-    if (loss_scale.enabled()) {
-      c.loss_scale = loss_scale.value();
-      c.loss_scale_clean_steps = loss_scale.clean_steps();
-    }
-    // Where they are: the writer copies from a GPU in bounded pieces, and streams the
-    // optimizer's state as LibTorch serializes it (never whole in host memory).
-    c.params = model->named_parameters();
-    c.buffers = model->named_buffers();
-    c.stream_optimizer = [&](const io::ByteSink& sink) { optimizer->save_to(sink); };
-    c.generator_states = std::move(generators);
-    c.replica_fingerprints = std::move(fingerprints);
-    bytes = io::write_checkpoint(options.checkpoint, c, static_cast<int>(options.keep_checkpoints));
+    optimizer_checkpoint->finish_exchange();
   });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   checkpoint_step = step;
   notify([&](StepObserver& o) { o.on_checkpoint(step, bytes, seconds); });
+}
+
+std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> generators,
+                                                   std::vector<std::string> fingerprints) {
+  io::Checkpoint c;
+  c.step = step;
+  c.epoch = position(step).epoch;
+  c.micro_batch = micro_batches->current(0);
+  c.micro_batches = micro_batches->sizes();
+  if (options.balance) {
+    c.shares = shares->shares(step);
+    c.shares_after = shares->shares(step + 1);
+    if (sizes_follow_shares()) c.shares_followed = followed_shares;
+  }
+  for (std::size_t r = 0; r < memory_models.size(); ++r) {
+    const MemoryModel::Record m = memory_models[r].record();
+    c.memory_models.push_back(io::Checkpoint::MemoryModelRecord{
+        m.points, m.failed_units, m.base, width_cost(static_cast<int>(r)).ratio});
+  }
+  c.world_size = world;
+  c.seed = options.seed;
+  c.data = data_order;
+  c.data.batch_in_epoch = position(step).batch;
+  if (loss_scale.enabled()) {
+    c.loss_scale = loss_scale.value();
+    c.loss_scale_clean_steps = loss_scale.clean_steps();
+  }
+  // Where they are: the writer copies from a GPU in bounded pieces, and streams the
+  // optimizer's state as LibTorch serializes it (never whole in host memory).
+  c.params = model->named_parameters();
+  c.buffers = model->named_buffers();
+  c.optimizer_kind = optimizer->kind();
+  c.optimizer_step = optimizer->step_count();
+  c.streamed_optimizer = optimizer_checkpoint->tensors();
+  c.generator_states = std::move(generators);
+  c.replica_fingerprints = std::move(fingerprints);
+  return io::write_checkpoint(options.checkpoint, c, static_cast<int>(options.keep_checkpoints));
 }
 
 }  // namespace autoaccum::train

@@ -78,6 +78,10 @@ void Trainer::State::install_backward_injection() {
 }
 
 std::string Trainer::State::overlap_text() const {
+  if (sharded()) {
+    return "sharded (--shard optimizer): one reduce-scatter per attempt, every slice carrying "
+           "the step's control values; an all-gather of the parameters per step";
+  }
   if (!bucketed) {
     return world > 1 ? "after the last backward pass, one collective per attempt"
                      : "after the last backward pass";

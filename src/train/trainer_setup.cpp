@@ -353,6 +353,14 @@ void Trainer::State::allocate_step_state() {
   comm::collectively(comm, [&] {
     memory::OomWatch watch;
     try {
+      if (sharded()) {
+        // Parameters in their order: rank 0 owns the first slice.
+        reducer = sharded_reducer(reduce_comm(), comm, parameters.trainable,
+                                  model_state->reduce_count(), control.count(), context.device);
+        optimizer = std::make_unique<OptimizerStep>(
+            options, reducer->stepped(), [this](double mine) { return reducer->total(mine); });
+        return;
+      }
       ReduceLayout layout;
       gradient_region = layout.add("gradients", parameters.trainable_elements);
       buffer_region = layout.add("buffers", model_state->reduce_count());
@@ -374,17 +382,24 @@ void Trainer::State::allocate_step_state() {
     }
   });
   control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
-  choose_overlap(bound_order);
+  if (options.shard == "optimizer" && world == 1)
+    say_later.push_back(
+        "--shard optimizer on one rank: nothing to shard; the optimizer state "
+        "stays whole on this rank");
+  if (!sharded()) {
+    choose_overlap(bound_order);
+    reducer = replicated_reducer(reduce_comm(), *reduce, bucketed.get(), parameters.trainable,
+                                 gradient_region, buffer_region, control_region);
+  }
+  optimizer_checkpoint = std::make_unique<OptimizerCheckpoint>(
+      comm, *optimizer, *reducer, parameters.trainable,
+      trainable_names(model->named_parameters(), parameters.trainable));
   install_backward_injection();
   if (context.gradient_comm) {
     // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
     // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
     // for them stops here with an out-of-memory message, before the first step.
-    comm::collectively(comm, [&] {
-      reduce->all().zero_();
-      reduce_comm().allreduce_sum(reduce->all().data_ptr<float>(),
-                                  static_cast<std::size_t>(reduce->all().numel()));
-    });
+    comm::collectively(comm, [&] { reducer->warm_up(); });
   }
 }
 

@@ -33,9 +33,12 @@
 #include "autoaccum/train/observers.hpp"
 #include "autoaccum/train/optimizer_step.hpp"
 #include "autoaccum/train/reduce_buffer.hpp"
+#include "autoaccum/train/reducer.hpp"
 #include "autoaccum/train/schedule.hpp"
 #include "autoaccum/train/step_agreement.hpp"
 #include "autoaccum/train/trainer.hpp"
+
+#include "optimizer_checkpoint.hpp"
 
 namespace autoaccum::train {
 
@@ -117,6 +120,9 @@ struct Trainer::State {
   ParameterSet parameters;
   std::unique_ptr<ModelState> model_state;
   std::unique_ptr<OptimizerStep> optimizer;
+  // Its state in checkpoints, per parameter, from whichever rank holds it (set up with the
+  // reducer, in allocate_step_state).
+  std::unique_ptr<OptimizerCheckpoint> optimizer_checkpoint;
   Schedule schedule;
   std::unique_ptr<RankMicroBatches> micro_batches;  // every rank's micro-batch
   // What every rank's micro-batch policy is made from (rows, or token budgets for documents):
@@ -182,6 +188,11 @@ struct Trainer::State {
   // --overlap on: the gradient region in buckets, sent during the last backward pass; null when
   // off (one collective after it). Declared after `reduce`: its thread writes into that buffer.
   std::unique_ptr<BucketedReduce> bucketed;
+  // The step's one collective, whichever it is (plain, bucketed, sharded): what attempt() and
+  // the step call. Declared after what it refers to. `reduce` and `bucketed` are null when
+  // sharded (--shard optimizer on more than one rank).
+  std::unique_ptr<Reducer> reducer;
+  bool sharded() const { return options.shard == "optimizer" && world > 1; }
   std::atomic<bool> inject_in_backward{false};  // --inject-oom backward=1: throw in this backward
   std::shared_ptr<torch::autograd::Node> injection_accumulator;  // holds its hook
   void install_backward_injection();
@@ -252,6 +263,9 @@ struct Trainer::State {
   // A stop signal was agreed on: checkpoint, status "preempted", one line (`where` adds detail).
   void stop_for_signal(const std::string& where);
   void save_checkpoint();
+  // Rank 0: the checkpoint file itself, given every rank's random streams and fingerprints.
+  std::int64_t write_checkpoint_file(std::vector<std::string> generators,
+                                     std::vector<std::string> fingerprints);
   void restore(const io::Checkpoint& checkpoint);
   std::vector<std::string> gather_generator_states();
   std::vector<std::string> gather_replica_fingerprints();

@@ -19,7 +19,8 @@ except ImportError:  # the CUDA wheel's environment; Debian's python3-xxhash els
     xxhash = None
 
 # What each kind of dataset --resume reads is flipped in (a contiguous dataset each).
-KINDS = ["params/3.weight", "optimizer/state", "rng/rank1", "memory_model/points"]
+KINDS = ["params/3.weight", "optimizer/momentum_buffer/3.weight", "rng/rank1",
+         "memory_model/points"]
 
 
 def params_of(path):
@@ -129,7 +130,7 @@ class Checksums(TempDirTest):
         self.assertEqual(r.returncode, 0, r)
         checkpoint, log = os.path.join(run, "c.h5"), os.path.join(run, "log.h5")
         older = older_checkpoint(checkpoint, 4)
-        flip_a_bit(older, "optimizer/state")
+        flip_a_bit(older, "optimizer/momentum_buffer/3.weight")
         with open(checkpoint, "r+b") as f:
             f.truncate(os.path.getsize(checkpoint) // 2)
         before = {p: digest(p) for p in (checkpoint, older, log)}
@@ -139,7 +140,8 @@ class Checksums(TempDirTest):
         self.assertEqual(len(errors), 1, r)
         self.assertIn(f"--resume: no checkpoint of '{checkpoint}' reads whole", errors[0])
         self.assertIn(f"checkpoint '{checkpoint}' cannot be read", errors[0])
-        self.assertIn(f"checkpoint '{older}' is damaged: dataset 'optimizer/state'", errors[0])
+        self.assertIn(f"checkpoint '{older}' is damaged: dataset "
+                      f"'optimizer/momentum_buffer/3.weight'", errors[0])
         self.assertEqual({p: digest(p) for p in before}, before, "nothing written")
         self.assertEqual(sorted(os.listdir(run)), ["c.h5", "c.step4.h5", "log.h5"])
 

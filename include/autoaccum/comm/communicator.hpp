@@ -53,6 +53,16 @@ class Communicator {
   // data-plane call. Backends that cannot queue (the default) sum at once, as allreduce_sum.
   void queue_allreduce_sum(float* data, std::size_t count, const char* what = nullptr);
 
+  // Data plane, for sharded state (--shard optimizer). `data` holds size() chunks of `chunk`
+  // floats each, in rank order.
+  // reduce_scatter_sum: afterwards this rank's chunk (rank() * chunk onwards) holds the sum over
+  // ranks of that chunk; the other chunks hold unspecified values. Counted as a reduction (the
+  // step's one gradient collective), like an all-reduce.
+  void reduce_scatter_sum(float* data, std::size_t chunk, const char* what = nullptr);
+  // allgather_in_place: every rank's own chunk is copied into the same chunk on every rank.
+  // Counted apart (data_allgather_calls).
+  void allgather_in_place(float* data, std::size_t chunk, const char* what = nullptr);
+
   // Control plane: in-place element-wise max / sum / min of small host integer arrays.
   virtual void allreduce_max(std::int64_t* values, std::size_t count) = 0;
   virtual void allreduce_sum(std::int64_t* values, std::size_t count) = 0;
@@ -73,8 +83,10 @@ class Communicator {
   void broadcast(std::string& text, int root);
   virtual void barrier() = 0;
 
-  // Number of data-plane all-reduce calls made so far on this rank (from any thread).
+  // Number of data-plane reductions (all-reduce or reduce-scatter) made so far on this rank
+  // (from any thread), and of data-plane all-gathers.
   std::uint64_t data_allreduce_calls() const noexcept { return data_allreduce_calls_.load(); }
+  std::uint64_t data_allgather_calls() const noexcept { return data_allgather_calls_.load(); }
 
  protected:
   // `what`: the caller's name for the collective, or null for the backend's own.
@@ -83,9 +95,15 @@ class Communicator {
   virtual void do_queue_allreduce_sum(float* data, std::size_t count, const char* what) {
     do_allreduce_sum(data, count, what);
   }
+  // The defaults are built on the all-reduce (correct for any backend, with the bytes of a whole
+  // all-reduce each): the reduce-scatter sums every chunk; the all-gather sums the buffer with
+  // every chunk but this rank's zeroed.
+  virtual void do_reduce_scatter_sum(float* data, std::size_t chunk, const char* what);
+  virtual void do_allgather_in_place(float* data, std::size_t chunk, const char* what);
 
  private:
   std::atomic<std::uint64_t> data_allreduce_calls_{0};
+  std::atomic<std::uint64_t> data_allgather_calls_{0};
 };
 
 }  // namespace autoaccum::comm

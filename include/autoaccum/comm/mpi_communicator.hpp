@@ -53,6 +53,8 @@ class MpiCommunicator final : public Communicator {
  protected:
   void do_allreduce_sum(float* data, std::size_t count, const char* what) override;
   void do_allreduce_sum(double* data, std::size_t count, const char* what) override;
+  void do_reduce_scatter_sum(float* data, std::size_t chunk, const char* what) override;
+  void do_allgather_in_place(float* data, std::size_t chunk, const char* what) override;
 
  private:
   void allreduce(void* data, std::size_t count, MPI_Datatype type, std::size_t type_bytes,

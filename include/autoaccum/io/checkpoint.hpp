@@ -55,7 +55,27 @@ struct Checkpoint {
   // params/<name>, buffers/<name>: on the CPU or a GPU; written from where they are.
   std::vector<std::pair<std::string, at::Tensor>> params;
   std::vector<std::pair<std::string, at::Tensor>> buffers;
-  std::string optimizer;  // LibTorch's serialized optimizer state, at optimizer/state
+  // The optimizer's state, per parameter and element (autoaccum writes it so since sharding:
+  // the same file whichever rank held which slice): optimizer/<kind>/<parameter name>, float32
+  // tensors of the parameter's shape (kinds: momentum_buffer for SGD with momentum, exp_avg and
+  // exp_avg_sq for AdamW), listed in the root attribute optimizer_names ("exp_avg/fc.weight"),
+  // with optimizer_kind ("sgd", "adamw") and optimizer_step (AdamW's steps taken).
+  std::string optimizer_kind;
+  std::int64_t optimizer_step = 0;
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state;  // read back: "kind/name"
+  // For writing: float32 tensors given in pieces as they come (from the ranks that own them
+  // under --shard optimizer), never whole in memory. `fill` calls `piece` with the elements in
+  // order, in pieces of any size, once.
+  using PieceSink = std::function<void(const float* data, std::int64_t count)>;
+  struct StreamedTensor {
+    std::string name;  // under optimizer/: "exp_avg/fc.weight"
+    std::vector<std::int64_t> shape;
+    std::function<void(const PieceSink&)> fill;
+  };
+  std::vector<StreamedTensor> streamed_optimizer;
+  // LibTorch's serialized optimizer state at optimizer/state: what autoaccum wrote before the
+  // per-parameter state (read back from such files; written only when set).
+  std::string optimizer;
   // For writing, instead of `optimizer`: gives the same bytes to a sink as they are made, so
   // they are never held whole. Called twice (to measure, then to write): the same bytes each
   // time.

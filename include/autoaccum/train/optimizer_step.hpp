@@ -30,18 +30,33 @@ class OptimizerStep {
   // The optimizer (--optimizer sgd|adamw) over the trainable parameters only. Its state
   // (momentum buffers, Adam moments) is allocated here, zeroed as LibTorch would create it at
   // the first step, so running out of memory for it happens at setup, not inside a step.
-  OptimizerStep(const TrainOptions& options, const std::vector<at::Tensor>& trainable);
+  // `total`, when given, turns this rank's sum of squares into the sum over every rank's
+  // (--shard optimizer: each rank steps a slice; Reducer::total); the same bits on every rank.
+  OptimizerStep(const TrainOptions& options, const std::vector<at::Tensor>& trainable,
+                std::function<double(double)> total = {});
   ~OptimizerStep();
   OptimizerStep(const OptimizerStep&) = delete;
   OptimizerStep& operator=(const OptimizerStep&) = delete;
 
   enum class Result { kStepped, kSkipped, kStop };
-  // `gradients`: the reduced gradient region (the views the parameters' .grad() alias). A NaN
+  // `gradients`: the reduced gradients of what this optimizer steps (the views its tensors'
+  // .grad() alias). A NaN
   // or Inf in the loss or any gradient (seen identically by every rank) skips the update with
   // --on-nonfinite skip, else asks the run to stop. Otherwise clips by global norm
   // (--clip-grad-norm) and steps at `lr`. Both decisions come from square_sum, so every rank
   // takes them alike, bit for bit: replicas cannot drift apart through them.
   Result apply(const at::Tensor& gradients, double loss, double lr);
+
+  // The state per element, the same whatever the sharding: its kinds ("momentum_buffer" for SGD
+  // with momentum; "exp_avg", "exp_avg_sq" for AdamW; none for plain SGD), the state of kind
+  // `kind` of the `index`th tensor it steps (the tensor itself: a load writes into it), and
+  // AdamW's steps taken (0 for SGD).
+  std::string kind() const { return options_.optimizer; }
+  std::vector<std::string> state_kinds() const;
+  at::Tensor state(std::size_t index, const std::string& kind) const;
+  std::int64_t step_count() const;
+  void set_step_count(std::int64_t steps);
+  std::size_t stepped_count() const;
 
   // LibTorch's archive of the state, given to `sink` as LibTorch makes it (each state tensor
   // from its own memory: never whole in host memory).
@@ -51,6 +66,7 @@ class OptimizerStep {
  private:
   const TrainOptions& options_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::function<double(double)> total_;
 };
 
 }  // namespace autoaccum::train

@@ -97,7 +97,11 @@ struct TrainOptions {
   // --overlap: all-reduce the gradients in buckets during the last backward pass of a step
   // (train/bucketed_reduce.hpp). auto: on when the ranks span more than one node, on the CPU.
   std::string overlap = "auto";  // auto | on | off
-  double bucket_mib = 1;  // --bucket-mib: the size of a bucket (measured: docs/benchmarks.md)
+  // --shard optimizer: each rank keeps optimizer state for, and updates, a 1/W slice of the
+  // parameters; the gradients are reduce-scattered and the parameters all-gathered
+  // (train/reducer.hpp). none: every rank holds and updates everything.
+  std::string shard = "none";  // none | optimizer
+  double bucket_mib = 1;       // --bucket-mib: the size of a bucket (measured: docs/benchmarks.md)
   // --collective-timeout: the deadline of every collective (comm/watchdog.hpp); 0: none.
   double collective_timeout_seconds = 600;
 

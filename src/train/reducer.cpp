@@ -1,0 +1,259 @@
+// Reducer: the replicated all-reduce (whole, or in buckets) and the sharded reduce-scatter.
+#include "autoaccum/train/reducer.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/train/bucketed_reduce.hpp"
+#include "autoaccum/train/reduce_buffer.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+class ReplicatedReduce final : public Reducer {
+ public:
+  ReplicatedReduce(comm::Communicator& comm, ReduceBuffer& buffer, BucketedReduce* bucketed,
+                   std::vector<at::Tensor> trainable, ReduceLayout::Handle gradients,
+                   ReduceLayout::Handle buffers, ReduceLayout::Handle control)
+      : comm_(comm),
+        buffer_(buffer),
+        bucketed_(bucketed),
+        trainable_(std::move(trainable)),
+        gradients_(gradients),
+        buffers_(buffers),
+        control_(control) {}
+
+  void begin() override {
+    buffer_.zero();
+    if (bucketed_) bucketed_->begin();
+  }
+  void arm(const at::Tensor& loss) override {
+    if (bucketed_) bucketed_->arm(loss);
+  }
+  at::Tensor part(Part part) override {
+    return buffer_.view(part == Part::kBuffers ? buffers_ : control_);
+  }
+  void reduce() override {
+    float* const all = buffer_.all().data_ptr<float>();
+    const auto floats = static_cast<std::size_t>(buffer_.all().numel());
+    if (bucketed_) {
+      // The buckets not sent during backward go now, in order, on every rank (also one that ran
+      // out of memory: the collectives are the same whatever happened); then the tail, after the
+      // gradient region, which carries the flags every rank decides on.
+      bucketed_->finish();
+      const auto tail = static_cast<std::size_t>(buffer_.layout()[buffers_].offset);
+      comm_.allreduce_sum(all + tail, floats - tail, bucketed_->tail_label());
+    } else {
+      comm_.allreduce_sum(all, floats);
+    }
+  }
+  at::Tensor gradients() override { return buffer_.view(gradients_); }
+  const std::vector<at::Tensor>& stepped() const override { return trainable_; }
+  double total(double mine) override { return mine; }
+  bool gradients_intact() const override { return buffer_.gradients_intact(); }
+  void warm_up() override {
+    buffer_.all().zero_();
+    comm_.allreduce_sum(buffer_.all().data_ptr<float>(),
+                        static_cast<std::size_t>(buffer_.all().numel()));
+  }
+
+ private:
+  comm::Communicator& comm_;
+  ReduceBuffer& buffer_;
+  BucketedReduce* bucketed_;
+  std::vector<at::Tensor> trainable_;
+  ReduceLayout::Handle gradients_, buffers_, control_;
+};
+
+class ShardedReduce final : public Reducer {
+ public:
+  ShardedReduce(comm::Communicator& gradient_comm, comm::Communicator& control_comm,
+                const std::vector<at::Tensor>& trainable, std::int64_t buffer_floats,
+                std::int64_t control_floats, c10::Device device)
+      : comm_(gradient_comm),
+        control_comm_(control_comm),
+        rank_(gradient_comm.rank()),
+        buffer_floats_(buffer_floats),
+        control_floats_(control_floats) {
+    std::int64_t elements = 0;
+    std::vector<std::int64_t> sizes;
+    for (const auto& p : trainable) {
+      if (p.scalar_type() != at::kFloat) {
+        throw UsageError("--shard optimizer: the trainable parameters must be float32 (one is " +
+                         std::string(c10::toString(p.scalar_type())) +
+                         "); --precision bf16 and fp16 keep float32 parameters");
+      }
+      sizes.push_back(p.numel());
+      elements += p.numel();
+    }
+    layout_ = shard_layout(gradient_comm.size(), elements, buffer_floats + control_floats);
+    const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+    const std::int64_t world = layout_.world;
+    // The parameters move into one flat buffer, in order; each keeps its identity (the model
+    // and the optimizer hold the same tensors), only its data is now a view.
+    flat_ = at::zeros({world * layout_.slice}, options);
+    reduce_ = at::zeros({world * layout_.chunk()}, options);
+    const std::vector<std::size_t> crossing = layout_.crossing(sizes);
+    std::int64_t offset = 0;
+    std::size_t next_crossing = 0;
+    for (std::size_t i = 0; i < trainable.size(); ++i) {
+      at::Tensor p = trainable[i];
+      const std::int64_t n = p.numel();
+      at::Tensor place = flat_.narrow(0, offset, n).view(p.sizes());
+      {
+        const at::NoGradGuard no_grad;
+        place.copy_(p);
+      }
+      p.set_data(place);
+      if (next_crossing < crossing.size() && crossing[next_crossing] == i) {
+        ++next_crossing;
+        p.mutable_grad() = at::zeros_like(place);
+        apart_.push_back({p, offset});
+      } else {
+        const std::int64_t chunk = layout_.slice > 0 ? offset / layout_.slice : 0;
+        const std::int64_t at =
+            chunk * layout_.chunk() + layout_.tail + (offset - chunk * layout_.slice);
+        p.mutable_grad() = reduce_.narrow(0, at, n).view(p.sizes());
+        bound_.push_back(p);
+      }
+      offset += n;
+    }
+    const std::int64_t mine = layout_.end(rank_) - layout_.begin(rank_);
+    gradients_ = reduce_.narrow(0, rank_ * layout_.chunk() + layout_.tail, mine);
+    at::Tensor slice = flat_.narrow(0, layout_.begin(rank_), mine).detach();
+    slice.set_requires_grad(true);
+    slice.mutable_grad() = gradients_;
+    stepped_.push_back(slice);
+  }
+
+  void begin() override {
+    reduce_.zero_();
+    for (auto& a : apart_)
+      a.parameter.mutable_grad().zero_();
+  }
+  at::Tensor part(Part part) override {
+    const std::int64_t start = rank_ * layout_.chunk();
+    return part == Part::kBuffers ? reduce_.narrow(0, start, buffer_floats_)
+                                  : reduce_.narrow(0, start + buffer_floats_, control_floats_);
+  }
+  void reduce() override {
+    // The gradients kept apart go into the chunks they cross.
+    for (const auto& a : apart_) {
+      const at::Tensor flat = a.parameter.grad().reshape(-1);
+      const std::int64_t n = flat.numel();
+      for (std::int64_t done = 0; done < n;) {
+        const std::int64_t x = a.offset + done;
+        const std::int64_t chunk = x / layout_.slice;
+        const std::int64_t within = x - chunk * layout_.slice;
+        const std::int64_t count = std::min(n - done, layout_.slice - within);
+        reduce_.narrow(0, chunk * layout_.chunk() + layout_.tail + within, count)
+            .copy_(flat.narrow(0, done, count));
+        done += count;
+      }
+    }
+    // This rank's tail into every other chunk: whichever rank a chunk goes to receives every
+    // rank's contribution.
+    const at::Tensor tail = reduce_.narrow(0, rank_ * layout_.chunk(), layout_.tail);
+    for (int j = 0; j < layout_.world; ++j) {
+      if (j != rank_ && layout_.tail > 0)
+        reduce_.narrow(0, j * layout_.chunk(), layout_.tail).copy_(tail);
+    }
+    comm_.reduce_scatter_sum(reduce_.data_ptr<float>(), static_cast<std::size_t>(layout_.chunk()),
+                             "gradient reduce-scatter");
+  }
+  at::Tensor gradients() override { return gradients_; }
+  const std::vector<at::Tensor>& stepped() const override { return stepped_; }
+  double total(double mine) override {
+    // Summed in rank order by every rank alike: the same bits everywhere.
+    std::vector<double> all(static_cast<std::size_t>(layout_.world));
+    control_comm_.allgather(&mine, sizeof mine, all.data());
+    double sum = 0;
+    for (double v : all)
+      sum += v;
+    return sum;
+  }
+  void after_step() override {
+    comm_.allgather_in_place(flat_.data_ptr<float>(), static_cast<std::size_t>(layout_.slice),
+                             "parameter all-gather");
+  }
+  bool gradients_intact() const override {
+    const auto* begin = static_cast<const char*>(reduce_.data_ptr());
+    const auto* end = begin + reduce_.numel() * static_cast<std::int64_t>(sizeof(float));
+    for (const auto& p : bound_) {
+      const auto& g = p.grad();
+      if (!g.defined()) return false;
+      const auto* data = static_cast<const char*>(g.data_ptr());
+      if (data < begin || data >= end) return false;
+    }
+    for (const auto& a : apart_) {
+      if (!a.parameter.grad().defined()) return false;
+    }
+    return true;
+  }
+  const ShardLayout* shards() const override { return &layout_; }
+  void warm_up() override {
+    reduce_.zero_();
+    comm_.reduce_scatter_sum(reduce_.data_ptr<float>(), static_cast<std::size_t>(layout_.chunk()));
+    comm_.allgather_in_place(flat_.data_ptr<float>(), static_cast<std::size_t>(layout_.slice));
+  }
+
+ private:
+  struct Apart {
+    at::Tensor parameter;
+    std::int64_t offset;  // in the flat parameter space
+  };
+  comm::Communicator& comm_;
+  comm::Communicator& control_comm_;
+  int rank_;
+  std::int64_t buffer_floats_, control_floats_;
+  ShardLayout layout_;
+  at::Tensor flat_, reduce_, gradients_;
+  std::vector<at::Tensor> bound_, stepped_;
+  std::vector<Apart> apart_;
+};
+
+}  // namespace
+
+std::vector<std::size_t> ShardLayout::crossing(const std::vector<std::int64_t>& sizes) const {
+  std::vector<std::size_t> which;
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > 0 && slice > 0 && offset / slice != (offset + sizes[i] - 1) / slice)
+      which.push_back(i);
+    offset += sizes[i];
+  }
+  return which;
+}
+
+ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail) {
+  ShardLayout layout;
+  layout.world = world;
+  layout.elements = elements;
+  layout.slice = (elements + world - 1) / world;
+  layout.tail = tail;
+  return layout;
+}
+
+std::unique_ptr<Reducer> replicated_reducer(comm::Communicator& comm, ReduceBuffer& buffer,
+                                            BucketedReduce* bucketed,
+                                            const std::vector<at::Tensor>& trainable,
+                                            ReduceLayout::Handle gradient_region,
+                                            ReduceLayout::Handle buffer_region,
+                                            ReduceLayout::Handle control_region) {
+  return std::make_unique<ReplicatedReduce>(comm, buffer, bucketed, trainable, gradient_region,
+                                            buffer_region, control_region);
+}
+
+std::unique_ptr<Reducer> sharded_reducer(comm::Communicator& gradient_comm,
+                                         comm::Communicator& control_comm,
+                                         const std::vector<at::Tensor>& trainable,
+                                         std::int64_t buffer_floats, std::int64_t control_floats,
+                                         c10::Device device) {
+  return std::make_unique<ShardedReduce>(gradient_comm, control_comm, trainable, buffer_floats,
+                                         control_floats, device);
+}
+
+}  // namespace autoaccum::train
