@@ -142,6 +142,42 @@ TEST_F(MpiComm, CountsDataPlaneCallsOnly) {
   EXPECT_EQ(comm.data_allreduce_calls(), 2u);
 }
 
+// The sharded step's collectives (--shard optimizer), against sums computed here: every rank's
+// chunk j holds values only rank r and chunk j make, so the expected sum is known everywhere.
+TEST_F(MpiComm, ReduceScatterLeavesEachRankItsChunksSumInPlace) {
+  const int world = comm.size();
+  for (const std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{7}}) {
+    std::vector<float> data(chunk * static_cast<std::size_t>(world));
+    for (std::size_t i = 0; i < data.size(); ++i)
+      data[i] = static_cast<float>(100 * comm.rank() + static_cast<int>(i));
+    const std::uint64_t before = comm.data_allreduce_calls();
+    comm.reduce_scatter_sum(data.data(), chunk, "test reduce-scatter");
+    EXPECT_EQ(comm.data_allreduce_calls(), before + 1);
+    for (std::size_t k = 0; k < chunk; ++k) {
+      const std::size_t i = static_cast<std::size_t>(comm.rank()) * chunk + k;
+      float want = 0;
+      for (int r = 0; r < world; ++r)
+        want += static_cast<float>(100 * r + static_cast<int>(i));
+      EXPECT_EQ(data[i], want) << "chunk " << chunk << " element " << k;
+    }
+  }
+}
+
+TEST_F(MpiComm, AllgatherInPlaceGivesEveryRankEveryChunk) {
+  const int world = comm.size();
+  const std::size_t chunk = 5;
+  std::vector<float> data(chunk * static_cast<std::size_t>(world), -1.0f);
+  for (std::size_t k = 0; k < chunk; ++k)
+    data[static_cast<std::size_t>(comm.rank()) * chunk + k] =
+        static_cast<float>(10 * comm.rank() + static_cast<int>(k));
+  comm.allgather_in_place(data.data(), chunk);
+  EXPECT_EQ(comm.data_allgather_calls(), 1u);
+  for (int r = 0; r < world; ++r)
+    for (std::size_t k = 0; k < chunk; ++k)
+      EXPECT_EQ(data[static_cast<std::size_t>(r) * chunk + k],
+                static_cast<float>(10 * r + static_cast<int>(k)));
+}
+
 TEST_F(MpiComm, CommunicatorsAreIndependentDuplicates) {
   // A second communicator must not see the first one's messages (each dups MPI_COMM_WORLD).
   MpiCommunicator other;

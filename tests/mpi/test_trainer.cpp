@@ -216,6 +216,40 @@ TEST_F(TrainerTest, ExactlyOneGradientCollectivePerStep) {
   }
 }
 
+// --shard optimizer: one reduce-scatter per attempt (the out-of-memory agreement travels in it:
+// a failed attempt costs the same one collective as unsharded), one all-gather per step, and the
+// same parameters as every rank holding everything, for SGD with momentum and for AdamW with
+// weight decay and clipping, with rank 1 running out of memory alone at step 2.
+TEST_F(TrainerTest, ShardedStepsTakeOneReductionPerAttemptAndEqualTheUnshardedRun) {
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    TrainOptions o = base(40, 6);
+    o.optimizer = optimizer;
+    o.weight_decay = 0.1;
+    o.clip_grad_norm = 0.05;
+    o.lr = optimizer == "sgd" ? 0.1 : 0.01;
+    o.inject_oom = {memory::OomInjection{1, 3, std::int64_t{2}}};
+    comm::MpiCommunicator counted_whole;
+    Trainer whole(o, counted_whole);
+    const TrainResult w = whole.run();
+
+    comm::MpiCommunicator counted;
+    o.shard = "optimizer";
+    Trainer sharded(o, counted);
+    const TrainResult s = sharded.run();
+    EXPECT_EQ(s.final_micro_batches, w.final_micro_batches);
+    EXPECT_GT(counted_whole.data_allreduce_calls(), 6u) << "the injection made retries";
+    EXPECT_EQ(counted.data_allreduce_calls(), counted_whole.data_allreduce_calls()) << optimizer;
+    EXPECT_EQ(counted.data_allgather_calls(), 6u) << optimizer;
+    EXPECT_EQ(counted_whole.data_allgather_calls(), 0u);
+    EXPECT_TRUE(equal_on_every_rank(world, sharded.model()));
+    auto a = sharded.model().parameters();
+    auto b = whole.model().parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_LT(relative_error(a[i], b[i]), 1e-6) << optimizer << " parameter " << i;
+  }
+}
+
 TEST_F(TrainerTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   TrainOptions straight = base(40, 20);
   Trainer uninterrupted(straight, world);
