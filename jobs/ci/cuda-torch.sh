@@ -106,7 +106,7 @@ fi
 # models, precision, token losses, documents (memory predictions run on Debian 12). Open MPI's
 # and HDF5's side runs on the two Debian platforms (jobs/ci/debian13.sh says which part on
 # which), for CI's time.
-E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model"
+E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model|shard"
 args=("$@")
 ((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.)")
 ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"

@@ -25,7 +25,7 @@ root=${AUTOACCUM_DEBIAN13_ROOT:-/var/cache/autoaccum/debian13}
 mirror=${AUTOACCUM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 say() { echo "debian13: $*"; }
 SECOND_PLATFORM='^(unit_|mpi_|gpu_|e2e\.(cli|data|faults|mixed_ranks'
-SECOND_PLATFORM+='|outputs|overlap|resume|checksums|watchdog|precision|torchscript)\.|e2e\.multinode\.FourNodes\.'
+SECOND_PLATFORM+='|outputs|overlap|resume|checksums|shard|watchdog|precision|torchscript)\.|e2e\.multinode\.FourNodes\.'
 SECOND_PLATFORM+='|e2e\.train\.Checkpoints\.test_full_disk)'
 fail() {
   echo "debian13: $*" >&2

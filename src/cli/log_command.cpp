@@ -109,6 +109,25 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     }
     out << "\n";
   }
+  // --shard (schema 12): each rank's fixed bytes (counted from the sizes: parameters, gradients,
+  // optimizer state) as the run held them, against unsharded.
+  const std::string counted = log.attribute("fixed_bytes_counted");
+  if (!counted.empty() && log.attribute("world_size") != "1") {
+    std::vector<std::int64_t> each;
+    std::stringstream list(counted);
+    for (std::string item; std::getline(list, item, ',');)
+      each.push_back(std::stoll(item));
+    const std::int64_t most = *std::max_element(each.begin(), each.end());
+    const std::int64_t least = *std::min_element(each.begin(), each.end());
+    out << "  shard " << log.attribute("shard", "none") << ": fixed bytes per rank "
+        << memory::format_bytes(most);
+    if (least != most) out << " (least " << memory::format_bytes(least) << ")";
+    const std::string unsharded = log.attribute("fixed_bytes_counted_unsharded");
+    if (log.attribute("shard") == "optimizer" && !unsharded.empty())
+      out << ", " << memory::format_bytes(static_cast<std::int64_t>(std::stod(unsharded)))
+          << " without sharding";
+    out << "\n";
+  }
   if (log.attribute("precision") == "fp16") {
     const auto scale = values(log, "steps", "loss_scale");
     const auto skipped = values(log, "steps", "skipped");

@@ -2,6 +2,7 @@
 #include "autoaccum/train/reducer.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
@@ -68,6 +69,37 @@ class ReplicatedReduce final : public Reducer {
   ReduceLayout::Handle gradients_, buffers_, control_;
 };
 
+// Where the gradient of a parameter that crosses a slice boundary goes: runs before the
+// parameter's gradient accumulator, adds what backward computed for it into the pieces of the
+// chunks it crosses (around the tails between them) and passes nothing on, so the accumulator
+// does nothing and the parameter needs no gradient tensor of its own.
+class AccumulateAcrossSlices final : public torch::autograd::FunctionPreHook {
+ public:
+  AccumulateAcrossSlices(at::Tensor buffer, const ShardLayout& layout, std::int64_t offset)
+      : buffer_(std::move(buffer)), layout_(layout), offset_(offset) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (grads.empty() || !grads[0].defined()) return grads;
+    const at::NoGradGuard no_grad;
+    const at::Tensor flat = grads[0].reshape(-1);
+    const std::int64_t n = flat.numel();
+    for (std::int64_t done = 0; done < n;) {
+      const std::int64_t x = offset_ + done;
+      const std::int64_t chunk = x / layout_.slice;
+      const std::int64_t within = x - chunk * layout_.slice;
+      const std::int64_t count = std::min(n - done, layout_.slice - within);
+      buffer_.narrow(0, chunk * layout_.chunk() + layout_.tail + within, count)
+          .add_(flat.narrow(0, done, count));
+      done += count;
+    }
+    return {at::Tensor()};  // an undefined gradient: the accumulator adds nothing
+  }
+
+ private:
+  at::Tensor buffer_;
+  ShardLayout layout_;
+  std::int64_t offset_;
+};
+
 class ShardedReduce final : public Reducer {
  public:
   ShardedReduce(comm::Communicator& gradient_comm, comm::Communicator& control_comm,
@@ -110,8 +142,11 @@ class ShardedReduce final : public Reducer {
       p.set_data(place);
       if (next_crossing < crossing.size() && crossing[next_crossing] == i) {
         ++next_crossing;
-        p.mutable_grad() = at::zeros_like(place);
-        apart_.push_back({p, offset});
+        p.mutable_grad() = at::Tensor();
+        auto accumulator = torch::autograd::impl::grad_accumulator(p);
+        accumulator->add_pre_hook(
+            std::make_unique<AccumulateAcrossSlices>(reduce_, layout_, offset));
+        accumulators_.push_back(std::move(accumulator));  // the parameter holds it weakly
       } else {
         const std::int64_t chunk = layout_.slice > 0 ? offset / layout_.slice : 0;
         const std::int64_t at =
@@ -129,31 +164,13 @@ class ShardedReduce final : public Reducer {
     stepped_.push_back(slice);
   }
 
-  void begin() override {
-    reduce_.zero_();
-    for (auto& a : apart_)
-      a.parameter.mutable_grad().zero_();
-  }
+  void begin() override { reduce_.zero_(); }
   at::Tensor part(Part part) override {
     const std::int64_t start = rank_ * layout_.chunk();
     return part == Part::kBuffers ? reduce_.narrow(0, start, buffer_floats_)
                                   : reduce_.narrow(0, start + buffer_floats_, control_floats_);
   }
   void reduce() override {
-    // The gradients kept apart go into the chunks they cross.
-    for (const auto& a : apart_) {
-      const at::Tensor flat = a.parameter.grad().reshape(-1);
-      const std::int64_t n = flat.numel();
-      for (std::int64_t done = 0; done < n;) {
-        const std::int64_t x = a.offset + done;
-        const std::int64_t chunk = x / layout_.slice;
-        const std::int64_t within = x - chunk * layout_.slice;
-        const std::int64_t count = std::min(n - done, layout_.slice - within);
-        reduce_.narrow(0, chunk * layout_.chunk() + layout_.tail + within, count)
-            .copy_(flat.narrow(0, done, count));
-        done += count;
-      }
-    }
     // This rank's tail into every other chunk: whichever rank a chunk goes to receives every
     // rank's contribution.
     const at::Tensor tail = reduce_.narrow(0, rank_ * layout_.chunk(), layout_.tail);
@@ -188,9 +205,6 @@ class ShardedReduce final : public Reducer {
       const auto* data = static_cast<const char*>(g.data_ptr());
       if (data < begin || data >= end) return false;
     }
-    for (const auto& a : apart_) {
-      if (!a.parameter.grad().defined()) return false;
-    }
     return true;
   }
   const ShardLayout* shards() const override { return &layout_; }
@@ -201,10 +215,6 @@ class ShardedReduce final : public Reducer {
   }
 
  private:
-  struct Apart {
-    at::Tensor parameter;
-    std::int64_t offset;  // in the flat parameter space
-  };
   comm::Communicator& comm_;
   comm::Communicator& control_comm_;
   int rank_;
@@ -212,7 +222,7 @@ class ShardedReduce final : public Reducer {
   ShardLayout layout_;
   at::Tensor flat_, reduce_, gradients_;
   std::vector<at::Tensor> bound_, stepped_;
-  std::vector<Apart> apart_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // with our hooks
 };
 
 }  // namespace
@@ -235,6 +245,19 @@ ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail) {
   layout.slice = (elements + world - 1) / world;
   layout.tail = tail;
   return layout;
+}
+
+FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int state_floats) {
+  constexpr std::int64_t kFloat = sizeof(float);
+  return {kFloat * elements, kFloat * (elements + tail), kFloat * state_floats * elements};
+}
+
+FixedBytes sharded_fixed_bytes(const ShardLayout& layout, const std::vector<std::int64_t>& sizes,
+                               int rank, int state_floats) {
+  (void)sizes;  // a parameter crossing a slice boundary holds no gradient tensor of its own
+  constexpr std::int64_t kFloat = sizeof(float);
+  return {kFloat * layout.world * layout.slice, kFloat * layout.world * layout.chunk(),
+          kFloat * state_floats * (layout.end(rank) - layout.begin(rank))};
 }
 
 std::unique_ptr<Reducer> replicated_reducer(comm::Communicator& comm, ReduceBuffer& buffer,

@@ -447,6 +447,10 @@ void Trainer::State::open_observers() {
       header.command_line = options.command_line;
       header.started_at = io::utc_now();
       header.hostnames = comm.hosts();  // gathered when the communicator was made
+      // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
+      std::string fixed_bytes_list;
+      for (const std::int64_t b : fixed_bytes(sharded()))
+        fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
       header.text = {
           {"model", model->describe()},
           {"loss", objective->describe()},
@@ -460,6 +464,8 @@ void Trainer::State::open_observers() {
           {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
           {"balance", balance_text()},
           {"overlap", overlap_text()},
+          {"shard", sharded() ? "optimizer" : "none"},
+          {"fixed_bytes_counted", fixed_bytes_list},
           {"precision", to_string(options.precision)},
           {"micro_batch_unit", documents() ? "tokens" : "rows"}};
       header.numbers = {
@@ -474,7 +480,8 @@ void Trainer::State::open_observers() {
           {"lower_precision_gemm_speedup", lower_gemm_speedup},
           {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
           {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
-          {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0}};
+          {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0},
+          {"fixed_bytes_counted_unsharded", static_cast<double>(fixed_bytes(false).front())}};
       observers.push_back(std::make_unique<RunLogObserver>(
           io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
     });
@@ -488,6 +495,36 @@ std::size_t Trainer::State::node_count() const {
   std::vector<std::string> hosts(comm.hosts());
   std::sort(hosts.begin(), hosts.end());
   return static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
+}
+
+std::vector<std::int64_t> Trainer::State::fixed_bytes(bool sharded_state) const {
+  std::vector<std::int64_t> sizes;
+  for (const auto& p : parameters.trainable)
+    sizes.push_back(p.numel());
+  const std::int64_t tail = model_state->reduce_count() + control.count();
+  const auto state = static_cast<int>(optimizer->state_kinds().size());
+  const std::int64_t frozen = static_cast<std::int64_t>(sizeof(float)) * parameters.frozen_elements;
+  const ShardLayout layout = shard_layout(world, parameters.trainable_elements, tail);
+  std::vector<std::int64_t> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(
+        frozen +
+        (sharded_state && world > 1
+             ? sharded_fixed_bytes(layout, sizes, r, state).total()
+             : replicated_fixed_bytes(parameters.trainable_elements, tail, state).total()));
+  }
+  return out;
+}
+
+std::string Trainer::State::fixed_bytes_text() const {
+  const auto largest = [](const std::vector<std::int64_t>& v) {
+    return memory::format_bytes(*std::max_element(v.begin(), v.end()));
+  };
+  const std::string whole = largest(fixed_bytes(false));
+  const std::string sliced = largest(fixed_bytes(true));
+  return "fixed bytes per rank (parameters, gradients, optimizer state): " +
+         (sharded() ? sliced + " sharded (--shard optimizer), " + whole + " without"
+                    : whole + ", " + sliced + " with --shard optimizer");
 }
 
 void Trainer::State::announce() {
@@ -539,6 +576,7 @@ void Trainer::State::announce() {
   }
   if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
   if (world > 1) banner << "\nautoaccum: gradient all-reduce " << overlap_text();
+  if (world > 1 && (sharded() || options.dry_run)) banner << "\nautoaccum: " << fixed_bytes_text();
   for (const auto& slow : options.inject_slow) {
     banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
            << "x slower per row (--inject-slow)";

@@ -193,6 +193,10 @@ struct Trainer::State {
   // sharded (--shard optimizer on more than one rank).
   std::unique_ptr<Reducer> reducer;
   bool sharded() const { return options.shard == "optimizer" && world > 1; }
+  // Each rank's fixed bytes (FixedBytes::total, frozen parameters included), sharded or not,
+  // and the line that compares them ("fixed bytes per rank: ...").
+  std::vector<std::int64_t> fixed_bytes(bool sharded_state) const;
+  std::string fixed_bytes_text() const;
   std::atomic<bool> inject_in_backward{false};  // --inject-oom backward=1: throw in this backward
   std::shared_ptr<torch::autograd::Node> injection_accumulator;  // holds its hook
   void install_backward_injection();

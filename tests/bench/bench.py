@@ -935,18 +935,6 @@ def bench_overlap(work, reps, results):
                 env={**env, "MASTER_ADDR": "10.99.0.2", "USE_LIBUV": "0"})
         return float(re.search(r"samples/s (\S+)", r.stdout).group(1))
 
-    def limit(mbit):
-        for i in (1, 2):
-            for prefix, dev in (([], f"aa-v{i}"), (["-n", f"aa-node{i}"], f"aa-p{i}")):
-                run(["tc", *prefix, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                     f"{mbit:.0f}mbit", "burst", "1mb", "latency", "100ms"])
-
-    def unlimit():
-        for i in (1, 2):
-            run(["tc", "qdisc", "del", "dev", f"aa-v{i}", "root"], check=False)
-            run(["tc", "-n", f"aa-node{i}", "qdisc", "del", "dev", f"aa-p{i}", "root"],
-                check=False)
-
     try:
         # The rate: the gradients' bytes (each rank sends and receives about the whole buffer
         # in a two-rank all-reduce) in one micro-batch's compute, measured on the free link.
@@ -957,7 +945,7 @@ def bench_overlap(work, reps, results):
         log(f"  calibration: {free['parameters'] / 1e6:.2f}M parameters "
             f"({gradient_bytes / 2**20:.1f} MiB of gradients), a micro-batch of {m} computes in "
             f"{compute * 1e3:.0f} ms: links limited to {mbit:.0f} Mbit/s")
-        limit(mbit)
+        links(mbit)
         two = {k: {x: [] for x in ("off", "on", "ddp", "on_off", "on_ddp", "exposed_off",
                                      "exposed_on", "step_off", "allreduce_over_compute")}
                for k in (1, 4)}
@@ -982,7 +970,7 @@ def bench_overlap(work, reps, results):
                     f"{on['rate']:.1f}/s (exposed {on['exposed'] * 1e3:.0f} ms), DDP {d:.1f}/s; "
                     f"on/off {row['on_off'][-1]:.2f}, on/DDP {row['on_ddp'][-1]:.2f}")
     finally:
-        unlimit()
+        links(None)
         run([os.path.join(ROOT, "jobs", "ci", "slurm-down.sh"), state], check=False)
     out["two_nodes"] = {str(k): {x: spread(v) for x, v in two[k].items()} for k in two}
     out["calibration"] = {"compute_seconds": compute, "gradient_bytes": gradient_bytes,
@@ -1369,6 +1357,233 @@ def thread_levels(launch, reps, where, env=None):
     return {k: spread(v) for k, v in times.items()}
 
 
+SHARD_LIMIT = "48MiB"  # the per-rank limit the largest-model search trains under
+
+
+def shard_run(ranks, data, hidden, args, launcher=None, env=None, check=True):
+    """One autoaccum run of an MLP 784-hidden-10 with AdamW on `ranks` ranks (mpirun, or
+    `launcher`), its run log read back: (returncode, {attribute or column: value})."""
+    log_path = os.path.join(os.path.dirname(data), f"shard-{time.monotonic_ns()}.h5")
+    cmd = (launcher or MPI[:-1] + [str(ranks)]) + [
+        BIN, "train", "--data", data, "--hidden", hidden, "--optimizer", "adamw", "--lr", 0.001,
+        "--threads", 1, "--log-every", 0, "--shuffle", "none", "--run-log", log_path, *args]
+    r = run(cmd, check=check, env=env)
+    if r.returncode != 0:
+        return r.returncode, {}
+    out = {}
+    with h5py.File(log_path, "r") as f:
+        for name, value in f.attrs.items():
+            out[name] = value.decode() if isinstance(value, bytes) else value
+        for group in ("steps", "memory_model"):
+            if group in f:
+                for c in f[group]:
+                    out[f"{group}/{c}"] = f[group][c][:]
+    os.remove(log_path)
+    return 0, out
+
+
+def mlp_parameters(width, layers=2, inputs=784, classes=10):
+    sizes = [inputs] + [width] * layers + [classes]
+    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def largest_width(ranks, data, shard, low=64, high=8192):
+    """The widest MLP 784-w-w-10 (AdamW, micro-batch auto) that trains a step on `ranks` ranks
+    under SHARD_LIMIT each, by bisection over w (exit 3: it does not fit)."""
+    fits = lambda w: shard_run(ranks, data, f"{w},{w}", [
+        "--global-batch", 8 * ranks, "--steps", 1, "--memory-limit", SHARD_LIMIT, "--shard",
+        shard], check=False)[0] == 0
+    if not fits(low):
+        return 0
+    while high - low > 16:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def links(mbit=None):
+    """Limits the simulated two-node cluster's links to `mbit` Mbit/s with tc (None: unlimited)."""
+    for i in (1, 2):
+        for prefix, dev in (([], f"aa-v{i}"), (["-n", f"aa-node{i}"], f"aa-p{i}")):
+            if mbit is None:
+                run(["tc", *prefix, "qdisc", "del", "dev", dev, "root"], check=False)
+            else:
+                run(["tc", *prefix, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                     f"{mbit:.0f}mbit", "burst", "1mb", "latency", "100ms"])
+
+
+def bench_shard(work, reps, results):
+    """Issue 44: --shard optimizer. Fixed bytes per rank at 4 ranks with AdamW against
+    unsharded; the widest MLP that trains under one per-rank limit at 4 ranks, sharded or not;
+    one model under one limit at 2 and 4 ranks (the automatic micro-batch grows with the ranks);
+    step time at one micro-batch on one node and across two simulated nodes whose links tc
+    limits to 1 Gbit/s; the memory a sharded checkpoint of a 37M-parameter AdamW model adds to
+    each rank; the step time with one row per rank at 1, 2 and 4 ranks (mostly the optimizer
+    step and the collectives) for a 25M-parameter model."""
+    log("== shard: sharded optimizer state")
+    data = synth784(work)
+    out = {"limit": SHARD_LIMIT}
+
+    # Fixed bytes at 4 ranks: counted from the sizes, and as the memory model measured them.
+    fixed = {}
+    for shard in ("none", "optimizer"):
+        _, o = shard_run(4, data, "1024,1024", ["--global-batch", 64, "--steps", 2,
+                                                 "--memory-limit", "256MiB", "--shard", shard])
+        counted = max(int(b) for b in o["fixed_bytes_counted"].split(","))
+        measured = float(np.max(o["memory_model/fixed_bytes"]))
+        fixed[shard] = {"counted": counted, "measured": measured}
+        log(f"  4 ranks, --shard {shard}: fixed bytes counted {counted / 2**20:.2f} MiB, "
+            f"measured {measured / 2**20:.2f} MiB")
+    out["fixed"] = fixed
+    out["fixed_ratio"] = fixed["optimizer"]["counted"] / fixed["none"]["counted"]
+    out["fixed_ratio_measured"] = fixed["optimizer"]["measured"] / fixed["none"]["measured"]
+
+    # The widest model under one limit.
+    widths = {shard: largest_width(4, data, shard) for shard in ("none", "optimizer")}
+    out["widths"] = widths
+    out["largest_ratio"] = (mlp_parameters(widths["optimizer"]) /
+                            max(1, mlp_parameters(widths["none"])))
+    log(f"  widest under {SHARD_LIMIT} per rank at 4 ranks: {widths['none']} unsharded, "
+        f"{widths['optimizer']} sharded ({out['largest_ratio']:.2f}x the parameters)")
+
+    # One model, one limit, 2 and 4 ranks: the widest that trains sharded at 2 ranks.
+    width = largest_width(2, data, "optimizer")
+    scaling = {}
+    for ranks in (2, 4):
+        checkpoint = os.path.join(work, f"shard-scale-{ranks}.h5")
+        _, o = shard_run(ranks, data, f"{width},{width}", [
+            "--global-batch", 128, "--steps", 3, "--memory-limit", SHARD_LIMIT, "--shard",
+            "optimizer", "--checkpoint", checkpoint])
+        scaling[ranks] = {"micro_batch": int(o["steps/micro_batch"][0]),
+                          "oom_retries": int(np.sum(o["steps/oom_retries"]))}
+        with h5py.File(checkpoint, "r") as f:
+            scaling[ranks]["params"] = {n: f[f"params/{n}"][()] for n in f.attrs["params_names"]}
+        log(f"  width {width} under {SHARD_LIMIT}: {ranks} ranks start at micro-batch "
+            f"{scaling[ranks]['micro_batch']} ({scaling[ranks]['oom_retries']} out-of-memory "
+            "retries)")
+    a, b = scaling[2].pop("params"), scaling[4].pop("params")
+    out["scaling"] = {"width": width, **{str(k): v for k, v in scaling.items()},
+                      "agreement": max(float(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n]))
+                                       for n in a)}
+
+    # Step time at one micro-batch, 2 ranks on one node, in alternation.
+    common = ["--global-batch", 128, "--micro-batch", 32, "--steps", 12]
+    step = {"none": [], "optimizer": [], "ratio": []}
+    for rep in range(reps):
+        times = {}
+        for shard in ("none", "optimizer"):
+            _, o = shard_run(2, data, "2048,2048", common + ["--shard", shard])
+            times[shard] = float(np.median(o["steps/step_seconds"][3:]))
+            step[shard].append(times[shard])
+        step["ratio"].append(times["none"] / times["optimizer"])
+        log(f"  rep {rep + 1}/{reps} one node: step {times['none'] * 1e3:.0f} ms unsharded, "
+            f"{times['optimizer'] * 1e3:.0f} ms sharded (speed ratio {step['ratio'][-1]:.3f})")
+    out["one_node"] = {k: spread(v) for k, v in step.items()}
+
+    # Across two simulated nodes, links at 1 Gbit/s.
+    state, env = start_two_nodes(work)
+    if state:
+        two = {"none": [], "optimizer": [], "ratio": []}
+        srun = ["srun", "-N2", "-n2", "--mpi=pmix"]
+        try:
+            links(1000)
+            for rep in range(reps):
+                times = {}
+                for shard in ("none", "optimizer"):
+                    _, o = shard_run(2, data, "2048,2048", common + ["--shard", shard],
+                                     launcher=srun, env=env)
+                    times[shard] = float(np.median(o["steps/step_seconds"][3:]))
+                    two[shard].append(times[shard])
+                two["ratio"].append(times["none"] / times["optimizer"])
+                log(f"  rep {rep + 1}/{reps} two nodes at 1 Gbit/s: step "
+                    f"{times['none'] * 1e3:.0f} ms unsharded, {times['optimizer'] * 1e3:.0f} ms "
+                    f"sharded (speed ratio {two['ratio'][-1]:.3f})")
+        finally:
+            links(None)
+            run([os.path.join(ROOT, "jobs", "ci", "slurm-down.sh"), state], check=False)
+        out["two_nodes"] = {k: spread(v) for k, v in two.items()}
+
+    # A sharded checkpoint of a 37M-parameter AdamW model: peak RSS of each rank (GNU time's
+    # %M per rank) with and without --checkpoint.
+    def rss(extra):
+        r = run(MPI + ["/usr/bin/time", "-f", "rss %M", BIN, "train", "--data", data, "--hidden",
+                       "4096,4096,4096", "--optimizer", "adamw", "--global-batch", 16,
+                       "--micro-batch", 8, "--steps", 1, "--threads", 1, "--log-every", 0,
+                       "--shard", "optimizer", *extra])
+        return [int(v) * 1024 for v in re.findall(r"rss (\d+)", r.stdout + r.stderr)]
+    checkpoint = os.path.join(work, "shard-ckpt.h5")
+    added, size = [], 0
+    for rep in range(max(1, min(reps, 2))):
+        without = rss([])
+        with_ = rss(["--checkpoint", checkpoint])
+        size = os.path.getsize(checkpoint)
+        os.remove(checkpoint)
+        added.append(max(w - o for w, o in zip(sorted(with_), sorted(without))))
+        log(f"  rep {rep + 1}: a {size / 2**20:.0f} MiB sharded checkpoint adds "
+            f"{added[-1] / 2**20:.1f} MiB to a rank's peak RSS")
+    out["checkpoint"] = {"bytes": size, "added": spread(added),
+                         "bound": 0.1 * size + 64 * 2**20}
+
+    # The step with one row per rank (the optimizer step and collectives dominate), 25M
+    # parameters (MLP 784-3072-3072-3072-10 is 24.4M).
+    optimizer = {}
+    for ranks in (1, 2, 4):
+        _, o = shard_run(ranks, data, "3072,3072,3072", [
+            "--global-batch", ranks, "--micro-batch", 1, "--steps", 6, "--shard", "optimizer"])
+        optimizer[str(ranks)] = float(np.median(o["steps/step_seconds"][2:]))
+        log(f"  {ranks} rank(s), one row each: step {optimizer[str(ranks)] * 1e3:.0f} ms")
+    out["optimizer_step"] = optimizer
+    results["shard"] = out
+
+
+def render_shard(results):
+    r = results["shard"]
+    mib = 1 / 2**20
+    yes = lambda ok: "yes" if ok else "**no**"
+    f, w, sc = r["fixed"], r["widths"], r["scaling"]
+    lines = [f"Generated by `tests/bench/run.sh --only shard` on {results['date']} "
+             f"({results['machine']}). MLPs on 784 synthetic features, AdamW, `--threads 1` per "
+             "rank; ratios of runs made side by side. Fixed bytes: counted from the sizes "
+             "(parameters, gradient buffer, optimizer state; the run log's "
+             "`fixed_bytes_counted`) and the memory model's measured fixed part.", "",
+             "| | measured | target | met |", "|---|---|---|---|",
+             f"| fixed bytes per rank at 4 ranks, sharded / unsharded (MLP 784-1024-1024-10) | "
+             f"{r['fixed_ratio']:.3f} counted ({f['optimizer']['counted'] * mib:.2f} / "
+             f"{f['none']['counted'] * mib:.2f} MiB); {r['fixed_ratio_measured']:.3f} measured | "
+             f"<= 0.65 | {yes(r['fixed_ratio'] <= 0.65)} |",
+             f"| widest MLP 784-w-w-10 training under {r['limit']} per rank at 4 ranks | "
+             f"w = {w['optimizer']} sharded, {w['none']} unsharded: "
+             f"{r['largest_ratio']:.2f}x the parameters | >= 1.5x | "
+             f"{yes(r['largest_ratio'] >= 1.5)} |",
+             f"| w = {sc['width']} under {r['limit']}: automatic micro-batch at 2 and 4 ranks | "
+             f"{sc['2']['micro_batch']} ({sc['2']['oom_retries']} out-of-memory) and "
+             f"{sc['4']['micro_batch']} ({sc['4']['oom_retries']}); parameters after 3 steps "
+             f"agree to {sc['agreement']:.1e} | larger at 4, <= 1 out-of-memory, 1e-6 | "
+             f"{yes(sc['4']['micro_batch'] > sc['2']['micro_batch'] and sc['4']['oom_retries'] <= 1 and sc['agreement'] <= 1e-6)} |",
+             f"| step speed at micro-batch 32, 2 ranks on one node, sharded / unsharded "
+             f"(MLP 784-2048-2048-10) | {fmt(r['one_node']['ratio'], 3)} | >= 0.95 | "
+             f"{yes(r['one_node']['ratio']['median'] >= 0.95)} |"]
+    if "two_nodes" in r:
+        lines.append(f"| the same across two simulated nodes, links at 1 Gbit/s | "
+                     f"{fmt(r['two_nodes']['ratio'], 3)} | >= 1.0 | "
+                     f"{yes(r['two_nodes']['ratio']['median'] >= 1.0)} |")
+    else:
+        lines.append("| the same across two simulated nodes | not run (the simulated cluster "
+                     "needs root and Slurm) | >= 1.0 | **no** |")
+    c = r["checkpoint"]
+    lines += [f"| peak RSS a sharded checkpoint adds to a rank (MLP 784-4096-4096-4096-10, "
+              f"37M parameters, 2 ranks; a {c['bytes'] * mib:.0f} MiB file) | "
+              f"{fmt(c['added'], 1, mib, ' MiB')} | <= {c['bound'] * mib:.0f} MiB (10% + 64 MiB)"
+              f" | {yes(c['added']['median'] <= c['bound'])} |",
+              "| step with one row per rank, MLP 784-3072-3072-3072-10 (24.4M), sharded | " +
+              ", ".join(f"{k} rank(s) {v * 1e3:.0f} ms" for k, v in r["optimizer_step"].items())
+              + " | reported | |"]
+    return "\n".join(lines) + "\n"
+
+
 def start_two_nodes(work):
     """The simulated two-node cluster (jobs/ci/slurm-up.sh --nodes 2) in `work`: its state folder
     and the environment srun needs there, or (None, None) where it cannot start (not root, no
@@ -1654,7 +1869,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog", "documents",
-                                           "memory-model", "regrow", "checkpoint", "overlap"],
+                                           "memory-model", "regrow", "checkpoint", "overlap",
+                                           "shard"],
                         help="run one group (lm: the language model; mixed: a slow rank and "
                              "unequal memory; precision: bf16 against fp32; watchdog: the "
                              "collective watchdog's cost) and rewrite its tables")
@@ -1700,6 +1916,9 @@ def main():
         if args.only == "overlap":
             bench_overlap(work, max(1, min(args.reps, 3)), results)
             return finish(results, start, args)
+        if args.only == "shard":
+            bench_shard(work, max(1, min(args.reps, 3)), results)
+            return finish(results, start, args)
         if args.only == "memory-model":
             bench_memory_model(work, 1, results)
             args.only = "memory_model"
@@ -1722,6 +1941,7 @@ def main():
         bench_regrow(work, max(1, min(args.reps, 3)), results)
         bench_checkpoint(work, max(1, min(args.reps, 3)), results)
         bench_overlap(work, max(1, min(args.reps, 3)), results)
+        bench_shard(work, max(1, min(args.reps, 3)), results)
     finish(results, start, args)
 
 
@@ -1730,7 +1950,7 @@ def finish(results, start, args):
     seconds = time.time() - start
     results["seconds"] = seconds
     for group in ("lm", "mixed", "precision", "watchdog", "documents", "memory_model",
-                  "regrow", "checkpoint", "overlap"):
+                  "regrow", "checkpoint", "overlap", "shard"):
         if group in results:
             results[group]["meta"] = {k: results[k] for k in ("date", "machine")}
     path = os.path.join(ROOT, "build", "bench", "results.json")
@@ -1796,6 +2016,11 @@ def write_all(results):
                                "overlap": results["overlap"]})
         print(text)
         write_docs(text, "bench-overlap")
+    if "shard" in results:
+        text = render_shard({**results, **results["shard"].get("meta", {}),
+                             "shard": results["shard"]})
+        print(text)
+        write_docs(text, "bench-shard")
 
 
 def cpu_name():

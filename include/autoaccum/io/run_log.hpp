@@ -17,7 +17,7 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 9: the `checkpoints` group (every checkpoint written: its step, bytes and seconds).
 // 10: `steps/accumulation_max` and `steps/accumulation_max_rank` (every rank's micro-batches).
 // 11: `resumes/skipped_checkpoints`, root attributes `resume_checkpoints` and `resume_skipped`.
-inline constexpr std::int64_t kRunLogSchemaVersion = 11;
+inline constexpr std::int64_t kRunLogSchemaVersion = 12;
 
 struct StepRow {
   std::int64_t step = 0;

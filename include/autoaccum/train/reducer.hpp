@@ -27,8 +27,9 @@ class BucketedReduce;
 // K + S floats, chunk j = [the tail: buffer changes and control table | slice j's gradients]:
 // every rank writes its tail into every chunk, so the reduce-scatter that gives rank j its
 // gradient slice also gives it the whole summed tail, and the agreement stays in the step's one
-// collective. A parameter whose elements cross a slice boundary keeps its gradient in a tensor
-// of its own, copied into the chunks before the collective (at most W - 1 of them).
+// collective. A parameter whose elements cross a slice boundary cannot have one view for its
+// gradient: backward's gradient for it is added into the pieces of the chunks it crosses by a
+// hook before its accumulator, which then adds nothing (no gradient tensor of its own, no copy).
 struct ShardLayout {
   int world = 1;
   std::int64_t elements = 0;  // P: trainable parameter elements
@@ -41,6 +42,18 @@ struct ShardLayout {
   std::vector<std::size_t> crossing(const std::vector<std::int64_t>& sizes) const;
 };
 ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail);
+
+// What a rank holds whatever its micro-batch (the memory model's fixed part), counted from the
+// sizes: the trainable parameters, the gradients' buffer (with the tail) and the optimizer's state
+// (`state_floats` per element it steps: 2 for AdamW, 1 for SGD with momentum, 0 without). Frozen
+// parameters are the caller's to add.
+struct FixedBytes {
+  std::int64_t parameters = 0, gradients = 0, optimizer = 0;
+  std::int64_t total() const { return parameters + gradients + optimizer; }
+};
+FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int state_floats);
+FixedBytes sharded_fixed_bytes(const ShardLayout& layout, const std::vector<std::int64_t>& sizes,
+                               int rank, int state_floats);
 
 // What an attempt hands to the step's collective, and what it reads back. The attempt writes
 // its contribution into part(kBuffers) (the model's buffer changes: BatchNorm statistics) and
