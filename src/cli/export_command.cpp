@@ -4,7 +4,7 @@
 
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/distinct_paths.hpp"
-#include "autoaccum/train/export.hpp"
+#include "autoaccum/train/model/export.hpp"
 #include "commands.hpp"
 
 namespace po = boost::program_options;

@@ -15,7 +15,7 @@
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
-#include "autoaccum/train/memory_model.hpp"
+#include "autoaccum/train/sizing/memory_model.hpp"
 #include "commands.hpp"
 
 namespace po = boost::program_options;

@@ -1,8 +1,9 @@
-// Trainer::State: what the step loop and its setup share (private to src/train; the public
-// face is autoaccum/train/trainer.hpp). The loop is in trainer.cpp, setup in trainer_setup.cpp,
-// the data and each step's split in trainer_data.cpp, memory limits, models and what follows an
-// out-of-memory in trainer_memory.cpp, the reduce path (--overlap) in trainer_overlap.cpp,
-// checkpoints and resuming in trainer_checkpoint.cpp.
+// Trainer::State: what the rooms of src/train share (private to src/train; the public
+// face is autoaccum/train/trainer.hpp). The loop is in step/trainer.cpp, setup in
+// run/trainer_setup.cpp, the data and each step's split in sizing/trainer_data.cpp, memory
+// limits, models and what follows an out-of-memory in sizing/trainer_memory.cpp, the reduce
+// path's set-up (--overlap) in reduce/trainer_overlap.cpp, checkpoints and resuming in
+// run/trainer_checkpoint.cpp (src/train/README.md).
 #pragma once
 
 #include <torch/torch.h>
@@ -23,22 +24,22 @@
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
-#include "autoaccum/train/balance.hpp"
-#include "autoaccum/train/bucketed_reduce.hpp"
-#include "autoaccum/train/loss_scale.hpp"
-#include "autoaccum/train/memory_model.hpp"
-#include "autoaccum/train/micro_batch.hpp"
-#include "autoaccum/train/model_state.hpp"
-#include "autoaccum/train/objective.hpp"
-#include "autoaccum/train/observers.hpp"
-#include "autoaccum/train/optimizer_step.hpp"
-#include "autoaccum/train/reduce_buffer.hpp"
-#include "autoaccum/train/reducer.hpp"
-#include "autoaccum/train/schedule.hpp"
-#include "autoaccum/train/step_agreement.hpp"
+#include "autoaccum/train/sizing/balance.hpp"
+#include "autoaccum/train/reduce/bucketed_reduce.hpp"
+#include "autoaccum/train/step/loss_scale.hpp"
+#include "autoaccum/train/sizing/memory_model.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
+#include "autoaccum/train/model/model_state.hpp"
+#include "autoaccum/train/model/objective.hpp"
+#include "autoaccum/train/run/observers.hpp"
+#include "autoaccum/train/step/optimizer_step.hpp"
+#include "autoaccum/train/reduce/reduce_buffer.hpp"
+#include "autoaccum/train/reduce/reducer.hpp"
+#include "autoaccum/train/step/schedule.hpp"
+#include "autoaccum/train/step/step_agreement.hpp"
 #include "autoaccum/train/trainer.hpp"
 
-#include "optimizer_checkpoint.hpp"
+#include "run/optimizer_checkpoint.hpp"
 
 namespace autoaccum::train {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "autoaccum/core/error.hpp"
-#include "autoaccum/train/balance.hpp"
-#include "autoaccum/train/micro_batch.hpp"
+#include "autoaccum/train/sizing/balance.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
 #include "autoaccum/train/options.hpp"
 
 namespace autoaccum::train {

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "autoaccum/train/bucketed_reduce.hpp"
-#include "autoaccum/train/reduce_buffer.hpp"
+#include "autoaccum/train/reduce/bucketed_reduce.hpp"
+#include "autoaccum/train/reduce/reduce_buffer.hpp"
 
 namespace autoaccum::train {
 namespace {

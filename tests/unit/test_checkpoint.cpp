@@ -87,6 +87,46 @@ TEST(Checkpoint, TensorsOfEveryKindAndAStreamedOptimizerRoundTrip) {
   std::remove(path.c_str());
 }
 
+TEST(Checkpoint, OptimizerStateStreamedInPiecesOfAnySizeReadsBackWholePerParameter) {
+  // As a sharded run gives it: pieces that end inside rows and cross them, from two "owners".
+  const std::string path = "/tmp/autoaccum-unit-streamed-" + std::to_string(::getpid()) + ".h5";
+  torch::manual_seed(2);
+  const at::Tensor w = torch::randn({300, 7}), v = torch::randn({11});
+  Checkpoint c;
+  c.step = 3;
+  c.optimizer_kind = "adamw";
+  c.optimizer_step = 3;
+  const auto pieces = [](at::Tensor t, std::vector<std::int64_t> cuts) {
+    return [t, cuts](const Checkpoint::PieceSink& sink) {
+      const at::Tensor flat = t.reshape(-1);
+      std::int64_t at = 0;
+      for (const std::int64_t n : cuts) {
+        sink(flat.data_ptr<float>() + at, n);
+        at += n;
+      }
+    };
+  };
+  c.streamed_optimizer = {{"exp_avg/w", {300, 7}, pieces(w, {1, 999, 13, 1087})},
+                          {"exp_avg/v", {11}, pieces(v, {4, 7})}};
+  write_checkpoint(path, c);
+  const Checkpoint back = read_checkpoint(path);
+  EXPECT_TRUE(back.verified);
+  EXPECT_EQ(back.optimizer_kind, "adamw");
+  EXPECT_EQ(back.optimizer_step, 3);
+  EXPECT_TRUE(back.optimizer.empty()) << "no LibTorch archive any more";
+  ASSERT_EQ(back.optimizer_state.size(), 2u);
+  EXPECT_EQ(back.optimizer_state[0].first, "exp_avg/w");
+  EXPECT_TRUE(torch::equal(back.optimizer_state[0].second, w));
+  EXPECT_TRUE(torch::equal(back.optimizer_state[1].second, v));
+  // A fill that gives fewer elements than the shape is an internal error; nothing is written.
+  c.streamed_optimizer[1].fill = pieces(v.narrow(0, 0, 10), {10});
+  EXPECT_THROW(write_checkpoint(path, c), Error);
+  EXPECT_EQ(read_checkpoint(path).step, 3) << "the checkpoint before is untouched";
+  std::remove(path.c_str());
+  for (const auto& older : older_checkpoints(path))
+    std::remove(older.c_str());
+}
+
 TEST(Checkpoint, MemoryModelsRoundTripPerRankAndOlderFilesHaveNone) {
   const std::string path = "/tmp/autoaccum-unit-memory-" + std::to_string(::getpid()) + ".h5";
   Checkpoint c;

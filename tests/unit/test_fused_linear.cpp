@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "autoaccum/train/fused_linear.hpp"
+#include "autoaccum/train/model/fused_linear.hpp"
 
 namespace autoaccum::train {
 namespace {

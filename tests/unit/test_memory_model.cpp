@@ -7,7 +7,7 @@
 #include <random>
 #include <tuple>
 
-#include "autoaccum/train/memory_model.hpp"
+#include "autoaccum/train/sizing/memory_model.hpp"
 
 namespace autoaccum::train {
 namespace {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "autoaccum/core/error.hpp"
-#include "autoaccum/train/micro_batch.hpp"
-#include "autoaccum/train/schedule.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
+#include "autoaccum/train/step/schedule.hpp"
 
 namespace autoaccum::train {
 namespace {

@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "autoaccum/core/error.hpp"
-#include "autoaccum/train/fused_linear.hpp"
-#include "autoaccum/train/loss_scale.hpp"
-#include "autoaccum/train/precision.hpp"
+#include "autoaccum/train/model/fused_linear.hpp"
+#include "autoaccum/train/step/loss_scale.hpp"
+#include "autoaccum/train/model/precision.hpp"
 
 namespace autoaccum::train {
 namespace {

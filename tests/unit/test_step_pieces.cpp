@@ -8,11 +8,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "autoaccum/train/model.hpp"
-#include "autoaccum/train/model_state.hpp"
-#include "autoaccum/train/optimizer_step.hpp"
-#include "autoaccum/train/reduce_layout.hpp"
-#include "autoaccum/train/step_agreement.hpp"
+#include "autoaccum/train/model/model.hpp"
+#include "autoaccum/train/model/model_state.hpp"
+#include "autoaccum/train/step/optimizer_step.hpp"
+#include "autoaccum/train/reduce/reduce_layout.hpp"
+#include "autoaccum/train/step/step_agreement.hpp"
 
 namespace autoaccum::train {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "autoaccum/core/drill.hpp"
 #include "autoaccum/memory/memory.hpp"
-#include "autoaccum/train/loss_scale.hpp"
-#include "autoaccum/train/precision.hpp"
+#include "autoaccum/train/step/loss_scale.hpp"
+#include "autoaccum/train/model/precision.hpp"
 
 namespace autoaccum::train {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "autoaccum/comm/communicator.hpp"
-#include "autoaccum/train/model.hpp"
+#include "autoaccum/train/model/model.hpp"
 #include "autoaccum/train/options.hpp"
 
 namespace autoaccum::train {

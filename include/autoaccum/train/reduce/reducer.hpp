@@ -1,0 +1,112 @@
+// Reducer: the step's one collective, whatever carries it (an all-reduce of one buffer, buckets
+// during the last backward pass, or a reduce-scatter of a sharded buffer).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autoaccum/comm/communicator.hpp"
+#include "autoaccum/train/reduce/reduce_layout.hpp"
+
+namespace autoaccum::train {
+
+class ReduceBuffer;
+class BucketedReduce;
+
+// --shard optimizer: rank r of W owns elements [r*S, (r+1)*S) of the flat parameter space
+// (S = ceil(P / W), the last rank's slice shorter or empty), keeps optimizer state only for
+// them, updates them and all-gathers them. The parameters are moved into one flat buffer (each
+// parameter's data becomes a view of it; values unchanged). The gradients travel in W chunks of
+// K + S floats, chunk j = [the tail: buffer changes and control table | slice j's gradients]:
+// every rank writes its tail into every chunk, so the reduce-scatter that gives rank j its
+// gradient slice also gives it the whole summed tail, and the agreement stays in the step's one
+// collective. A parameter whose elements cross a slice boundary cannot have one view for its
+// gradient: backward's gradient for it is added into the pieces of the chunks it crosses by a
+// hook before its accumulator, which then adds nothing (no gradient tensor of its own, no copy).
+struct ShardLayout {
+  int world = 1;
+  std::int64_t elements = 0;  // P: trainable parameter elements
+  std::int64_t slice = 0;     // S: floats per slice
+  std::int64_t tail = 0;      // K: buffer changes + control table
+  std::int64_t chunk() const { return tail + slice; }
+  std::int64_t begin(int rank) const { return std::min(elements, slice * rank); }
+  std::int64_t end(int rank) const { return std::min(elements, slice * (rank + 1)); }
+  // The parameters (sizes in order) whose elements cross a slice boundary.
+  std::vector<std::size_t> crossing(const std::vector<std::int64_t>& sizes) const;
+};
+ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail);
+
+// What a rank holds whatever its micro-batch (the memory model's fixed part), counted from the
+// sizes: the trainable parameters, the gradients' buffer (with the tail) and the optimizer's state
+// (`state_floats` per element it steps: 2 for AdamW, 1 for SGD with momentum, 0 without). Frozen
+// parameters are the caller's to add.
+struct FixedBytes {
+  std::int64_t parameters = 0, gradients = 0, optimizer = 0;
+  std::int64_t total() const { return parameters + gradients + optimizer; }
+};
+FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int state_floats);
+FixedBytes sharded_fixed_bytes(const ShardLayout& layout, const std::vector<std::int64_t>& sizes,
+                               int rank, int state_floats);
+
+// What an attempt hands to the step's collective, and what it reads back. The attempt writes
+// its contribution into part(kBuffers) (the model's buffer changes: BatchNorm statistics) and
+// part(kControl) (the control table: out-of-memory flags, peaks, loss sums, stop), while autograd
+// accumulates the gradients into the views the reducer bound; after reduce(), every rank reads
+// the same sums from the same two parts, and the gradients it updates from gradients(). The
+// attempt does not know which reducer it has.
+class Reducer {
+ public:
+  enum class Part { kBuffers, kControl };
+  virtual ~Reducer() = default;
+
+  virtual void begin() = 0;  // a new attempt: every gradient and both parts zero
+  // The attempt's last backward pass, from `loss`, is about to run (--overlap sends buckets).
+  virtual void arm(const at::Tensor& loss) { (void)loss; }
+  // Before reduce(): this rank's contribution (written in place); after: the sum over ranks.
+  virtual at::Tensor part(Part part) = 0;
+  // The step's one collective. Every rank calls it once per attempt, whatever happened to it.
+  virtual void reduce() = 0;
+  // After reduce(): the summed gradients this rank updates (all of them, or its slice).
+  virtual at::Tensor gradients() = 0;
+  // The tensors the optimizer updates with gradients(): the trainable parameters, or this
+  // rank's slice of them as one flat tensor whose .grad() is gradients().
+  virtual const std::vector<at::Tensor>& stepped() const = 0;
+  // The sum over every rank of a value each rank computed from its gradients() (the squares
+  // for the norm), the same bits on every rank: the value itself when not sharded.
+  virtual double total(double mine) = 0;
+  // After an optimizer step: a sharded reducer all-gathers the updated parameters.
+  virtual void after_step() {}
+  // Whether autograd still accumulates into the bound gradients (checked after a backward).
+  virtual bool gradients_intact() const = 0;
+  // One collective of the whole (zero) buffer, before the first step: NCCL allocates its own
+  // device buffers at the first collective, and a GPU too full for them fails here.
+  virtual void warm_up() = 0;
+  // --shard optimizer: which rank owns which elements of the parameters (in the order of the
+  // trainable parameters); null when every rank holds everything.
+  virtual const ShardLayout* shards() const { return nullptr; }
+};
+
+// Every rank holds every gradient: one all-reduce of the whole buffer, or buckets during the
+// last backward pass (`bucketed`, optional) and then the tail.
+std::unique_ptr<Reducer> replicated_reducer(comm::Communicator& comm, ReduceBuffer& buffer,
+                                            BucketedReduce* bucketed,
+                                            const std::vector<at::Tensor>& trainable,
+                                            ReduceLayout::Handle gradient_region,
+                                            ReduceLayout::Handle buffer_region,
+                                            ReduceLayout::Handle control_region);
+
+// --shard optimizer's reducer (the layout above) over `trainable`, in that order.
+std::unique_ptr<Reducer> sharded_reducer(comm::Communicator& gradient_comm,
+                                         comm::Communicator& control_comm,
+                                         const std::vector<at::Tensor>& trainable,
+                                         std::int64_t buffer_floats, std::int64_t control_floats,
+                                         c10::Device device);
+
+}  // namespace autoaccum::train

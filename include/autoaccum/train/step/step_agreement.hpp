@@ -1,0 +1,123 @@
+// Step agreement: from the reduced control values to the step's outcome, the same on every rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autoaccum/train/sizing/memory_model.hpp"
+
+namespace autoaccum::train {
+
+// Where in an attempt a rank was when memory ran out.
+// kRefused: not out of memory, but the model raised an error on a micro-batch smaller than one
+// this rank tried before an out-of-memory lowered it (BatchNorm on one row): the run ends there.
+enum class AttemptPhase : int {
+  kNone = 0,
+  kForward = 1,
+  kLoss = 2,
+  kBackward = 3,
+  kBuffers = 4,
+  kRefused = 5
+};
+const char* phase_name(AttemptPhase phase) noexcept;  // "forward", "backward", ...
+
+// A double carried exactly by float32 slots: three floats whose sum, taken in double, is the
+// value (53 bits of mantissa in three pieces of 24). A slot that only one rank writes arrives
+// unchanged through a sum over ranks (x + 0 = x), so counts and loss sums stay exact at any
+// size (a float slot stops counting exactly at 2^24 tokens) and are added up in double, in rank
+// order, by every rank alike.
+constexpr std::size_t kExactSlots = 3;
+void write_exact(double value, float* slots) noexcept;
+double read_exact(const float* slots) noexcept;
+
+// The control region of the step's all-reduce: what each rank contributes besides gradients.
+// Every slot is summed over the ranks, so a per-rank value has a slot (or kExactSlots) per rank
+// that only that rank writes.
+struct ControlLayout {
+  int world = 1;
+  std::size_t oom(int rank) const { return index(0, rank); }    // 1: it ran out
+  std::size_t phase(int rank) const { return index(1, rank); }  // where (AttemptPhase)
+  // Seconds the rank spent computing its part of the attempt (before the collective): the
+  // speeds --balance throughput shares the batch by.
+  std::size_t compute_seconds(int rank) const { return index(2, rank); }
+  // The micro-batches its plan cut the rank's share into (documents: so that no rank computes
+  // another's plan to log it).
+  std::size_t pieces(int rank) const { return index(3, rank); }
+  // Exact values (kExactSlots each): its peak memory in the attempt in bytes, its summed loss
+  // and the count of what that loss counted (rows, tokens).
+  std::size_t peak_bytes(int rank) const { return exact(0, rank); }
+  std::size_t loss(int rank) const { return exact(1, rank); }
+  std::size_t weight(int rank) const { return exact(2, rank); }
+  // The micro-batch the peak belongs to (the one with the highest peak, or the one that ran out):
+  // rows or padded tokens, and rows x width^2 for documents (train/memory_model.hpp).
+  std::size_t shape_units(int rank) const { return exact(3, rank); }
+  std::size_t shape_square(int rank) const { return exact(4, rank); }
+  // Its live bytes when the attempt began: the state it holds whatever the micro-batch.
+  std::size_t base_bytes(int rank) const { return exact(5, rank); }
+  // Documents: the real and the padded tokens of the rank's plan.
+  std::size_t tokens(int rank) const { return exact(6, rank); }
+  std::size_t padded_tokens(int rank) const { return exact(7, rank); }
+  std::size_t stop() const { return exact(8, 0); }  // signals
+  // Ranks that left micro-batches undone because a stop signal came between two of them.
+  std::size_t abandoned() const { return stop() + 1; }
+  std::int64_t count() const { return static_cast<std::int64_t>(abandoned()) + 1; }
+
+ private:
+  std::size_t index(int field, int rank) const {
+    return static_cast<std::size_t>(field * world + rank);
+  }
+  std::size_t exact(int field, int rank) const {
+    return index(4, 0) + kExactSlots * static_cast<std::size_t>(field * world + rank);
+  }
+};
+
+// What one rank reports at the end of an attempt.
+struct RankReport {
+  bool out_of_memory = false;
+  AttemptPhase phase = AttemptPhase::kNone;
+  std::int64_t peak_bytes = 0;
+  bool stop_requested = false;
+  bool abandoned = false;  // stopped between micro-batches: the step's gradient is incomplete
+  double compute_seconds = 0;
+  MicroBatchShape peak_shape{};  // the micro-batch of the peak, or the one that ran out
+  std::int64_t base_bytes = 0;   // live bytes when the attempt began
+  // The attempt's plan: micro-batches, and for documents real and padded tokens.
+  std::int64_t pieces = 0, tokens = 0, padded_tokens = 0;
+};
+// Writes `report` into this rank's slots of a zeroed host control array. The loss sum and its
+// weight are not in it: the trainer writes their exact pieces into the loss and weight slots
+// on the device, without a host synchronisation.
+void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
+
+struct StepOutcome {
+  std::vector<int> out_of_memory;            // ranks that ran out of memory, ascending
+  std::vector<std::int64_t> peak_bytes;      // per rank, this attempt
+  std::vector<MicroBatchShape> peak_shapes;  // per rank: the micro-batch of its peak (or OOM)
+  std::vector<std::int64_t> base_bytes;      // per rank: live bytes when the attempt began
+  std::vector<AttemptPhase> phases;          // per rank: where it ran out (kNone: it did not)
+  std::vector<double> compute_seconds;       // per rank: its time computing, before the collective
+  // Per rank, the attempt's plan: micro-batches, and for documents real and padded tokens.
+  std::vector<std::int64_t> pieces, tokens, padded_tokens;
+  bool stop = false;       // some rank received a stop signal
+  bool abandoned = false;  // some rank stopped between micro-batches: the step is not taken
+  double loss_sum = 0;     // the loss summed over everything the ranks counted
+  double weight = 0;       // how many items (rows, tokens, values) that was
+  double loss = 0;  // the global batch's mean loss: loss_sum / weight (0 when nothing counted)
+  bool succeeded() const noexcept { return out_of_memory.empty() && !abandoned; }
+  // Ranks whose model refused a smaller micro-batch (phase kRefused; also in out_of_memory, so
+  // the attempt fails like one that ran out).
+  std::vector<int> refused() const;
+  std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
+  // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in
+  // forward, rank 1 in backward)".
+  std::string phases_text() const;
+};
+// Pure: every rank calls it on the same reduced array and so takes the same decision.
+StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced);
+
+// Whether the optimizer may step: the reduced loss and a reduction of the reduced gradients
+// (their sum or norm: NaN or Inf when any element is) are finite.
+bool step_is_finite(double loss, double gradient_reduction) noexcept;
+
+}  // namespace autoaccum::train

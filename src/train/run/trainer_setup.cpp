@@ -1,0 +1,593 @@
+// Trainer setup: threads and device, outputs, data, model, the setup trial, the step's
+// buffers and optimizer state, observers and the banner; every step that can fail is agreed
+// on by all ranks (docs/design.md, "Inside train").
+#include "autoaccum/train/trainer.hpp"
+
+#include <sched.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/comm/factory.hpp"
+#include "autoaccum/comm/nccl_communicator.hpp"
+#include "autoaccum/comm/watchdog.hpp"
+#include "autoaccum/core/atomic_write.hpp"
+#include "autoaccum/core/console.hpp"
+#include "autoaccum/core/distinct_paths.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/core/output_lock.hpp"
+#include "autoaccum/data/batch_plan.hpp"
+#include "autoaccum/data/slab_reader.hpp"
+#include "autoaccum/io/checkpoint.hpp"
+#include "autoaccum/io/run_log.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/sizing/balance.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
+#include "autoaccum/train/model/model_state.hpp"
+#include "autoaccum/train/model/objective.hpp"
+#include "autoaccum/train/run/observers.hpp"
+#include "autoaccum/train/step/optimizer_step.hpp"
+#include "autoaccum/train/reduce/reduce_buffer.hpp"
+#include "autoaccum/train/step/schedule.hpp"
+#include "autoaccum/train/step/step_agreement.hpp"
+
+#include "../trainer_state.hpp"
+
+namespace autoaccum::train {
+ThreadChoice choose_threads(int requested, int local_ranks) {
+  if (requested > 0) return {requested, "--threads"};
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    const int allowed = CPU_COUNT(&mask);
+    if (allowed > 0 && allowed < cores) {
+      return {allowed, "CPU mask of " + std::to_string(allowed) + " core(s)"};
+    }
+  }
+  const int ranks = std::max(1, local_ranks);
+  return {std::max(1, cores / ranks),
+          std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
+}
+
+Trainer::State::WatchdogRelease::~WatchdogRelease() {
+  comm::watchdog().set_last_words(nullptr);
+  comm::watchdog().set_context("");
+}
+
+std::string Trainer::State::watchdog_context() const {
+  std::string text = step < total_steps ? "in step " + std::to_string(step + 1) + " of " +
+                                              std::to_string(total_steps)
+                                        : "after the last step (" + std::to_string(step) + ")";
+  if (options.checkpoint.empty())
+    text += "; no --checkpoint was given";
+  else if (checkpoint_step < 0)
+    text += "; no checkpoint written yet (" + options.checkpoint + ")";
+  else
+    text +=
+        "; last checkpoint: " + options.checkpoint + " at step " + std::to_string(checkpoint_step);
+  return text;
+}
+
+void Trainer::State::setup() {
+  rank = comm.rank();
+  world = comm.size();
+  root = rank == 0;
+  loss_scale = LossScale(options.precision == Precision::kFp16);
+  options.memory_limit = limit_of(rank);  // --memory-limit A,B,...: this rank's item
+  for (const auto& slow : options.inject_slow) {
+    if (slow.rank == rank) slow_factor = slow.factor;
+  }
+  control = ControlLayout{world};
+  const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
+  thread_source = threads.source;
+  at::set_num_threads(threads.count);
+  memory::tune_malloc();
+  // From here on every collective has a deadline (comm/watchdog.hpp). The thread's last words
+  // run while this rank's main thread is blocked inside MPI: rank 0 writes the run log's status.
+  comm::Watchdog& dog = comm::watchdog();
+  dog.configure(std::chrono::milliseconds(std::llround(options.collective_timeout_seconds * 1000)),
+                rank);
+  dog.set_context("during setup");
+  dog.set_last_words([this](const std::string& message) { finish("failed", message); });
+
+  choose_device();
+  gather_limits();
+  // The shards' globs expanded once: the outputs are checked against them, then they are read.
+  comm::collectively(comm, [&] {
+    data_paths = data::expand_data_paths(options.data);
+    if (!options.val_data.empty())
+      val_data_paths = data::expand_data_paths(options.val_data, "--val-data");
+  });
+  take_outputs();  // before anything is written, so a second job on them is refused at once
+  open_data();
+  start_loss_scale();
+  build_model();
+  trial();
+  allocate_step_state();
+  seed_generators_for_rank(options.seed, rank);
+  resume();
+  open_observers();
+  announce();
+}
+
+void Trainer::State::start_loss_scale() {
+  if (!loss_scale.enabled()) return;
+  // What one rank's share of a step counts in the summed loss: its tokens for documents, its
+  // rows times the target's elements per row otherwise (a token per position for a language
+  // model's rows, one for a class label). Every rank computes the same from the options.
+  const data::DataSchema& schema = reader->schema();
+  double count = 0;
+  if (schema.documents) {
+    const double mean_length = static_cast<double>(schema.tokens) /
+                               static_cast<double>(std::max<std::size_t>(schema.lengths.size(), 1));
+    count = (options.global_batch_tokens > 0
+                 ? static_cast<double>(options.global_batch_tokens)
+                 : static_cast<double>(options.global_batch) * mean_length) /
+            world;
+  } else {
+    double per_row = 1;
+    for (const std::int64_t extent : schema.target().row_shape)
+      per_row *= static_cast<double>(std::max<std::int64_t>(extent, 1));
+    count = static_cast<double>(options.global_batch) / world * per_row;
+  }
+  loss_scale = LossScale(true, LossScale::initial_for(count));
+}
+
+void Trainer::State::choose_device() {
+  const auto& o = options;
+  // "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the node-local rank
+  // among the visible ones (the NCCL communicator picks the same one); --memory-limit then
+  // caps the CUDA caching allocator.
+  const int gpus = memory::cuda_device_count();
+  const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
+  comm::collectively(comm, [&] {
+    if (o.device != "cuda") return;
+    if (!memory::cuda_built()) {
+      throw UsageError(
+          "--device cuda: this build has no CUDA support (it needs a LibTorch built "
+          "with CUDA; see docs/gpu.md)");
+    }
+    if (gpus == 0) throw UsageError("--device cuda: rank " + std::to_string(rank) + " sees no GPU");
+  });
+  context.use_cuda = o.device == "cuda" || (o.device == "auto" && gpus_everywhere);
+  comm::collectively(comm, [&] {
+    const std::string problem = precision_problem(
+        o.precision, context.use_cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
+    if (!problem.empty()) throw UsageError(problem);
+  });
+  // The precision probe's few MiB come and go before --memory-limit applies to the CPU.
+  memory::install_cpu_budget(0);
+  if (!context.use_cuda) probe_precision();
+  // On CUDA, host tensors are still counted, never limited; the limit is the GPU's.
+  memory::install_cpu_budget(context.use_cuda ? 0 : o.memory_limit);
+  if (context.use_cuda) {
+    const int index = comm.local_rank() % gpus;
+    context.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+    comm::collectively(comm, [&] { memory::use_cuda_device(index, o.memory_limit); });
+    probe_precision();
+  }
+}
+
+void Trainer::State::take_outputs() {
+  // Rank 0 writes both; a live job holding either refuses this one, and a dead one's lock is
+  // taken over with a warning.
+  comm::collectively(comm, [&] {
+    if (!root) return;
+    // No output may be an input or the other output (a link to it counts).
+    std::vector<core::NamedPath> inputs;
+    for (const auto& path : data_paths)
+      inputs.push_back({"--data", path});
+    for (const auto& path : val_data_paths)
+      inputs.push_back({"--val-data", path});
+    inputs.push_back({"--model-file", options.model_file});
+    core::check_outputs_apart(
+        inputs, {{"--run-log", options.run_log}, {"--checkpoint", options.checkpoint}});
+    if (!options.run_log.empty()) check_writable_file("--run-log", options.run_log);
+    if (!options.checkpoint.empty()) check_writable_file("--checkpoint", options.checkpoint);
+    if (!options.run_log.empty())
+      locks.push_back(std::make_unique<OutputLock>("--run-log", options.run_log));
+    if (!options.checkpoint.empty())
+      locks.push_back(std::make_unique<OutputLock>("--checkpoint", options.checkpoint));
+  });
+  for (const auto& lock : locks) {
+    if (!lock->warning().empty() && !options.quiet)
+      core::write_line(stderr, "autoaccum: warning: " + lock->warning());
+  }
+  // Holding the locks, no other writer exists: temporaries beside the outputs are a killed
+  // writer's leftovers.
+  if (root) {
+    for (const std::string* output : {&options.run_log, &options.checkpoint}) {
+      if (output->empty()) continue;
+      for (const auto& removed : remove_stale_temporaries(*output)) {
+        if (!options.quiet)
+          core::write_line(stderr,
+                           "autoaccum: note: removed " + removed + ", left by a killed writer");
+      }
+    }
+  }
+}
+
+void Trainer::State::build_model() {
+  const auto& o = options;
+  comm::collectively(comm, [&] {
+    const auto& schema = reader->schema();
+    ModelSpec spec;
+    spec.kind = o.model;
+    spec.hidden = o.hidden;
+    spec.file = o.model_file;
+    spec.input_shape = schema.fields.front().row_shape;
+    spec.outputs = objective->classification() ? objective->classes() : [&] {
+      std::int64_t n = 1;
+      for (auto d : schema.target().row_shape)
+        n *= d;
+      return n;
+    }();
+    torch::manual_seed(o.seed);  // the same initial parameters on every rank
+    model = make_model(spec);
+  });
+  // Rank 0's initial parameters and buffers everywhere (equal by seeding or by the file; this
+  // makes it certain). Broadcast on the host, before the model moves to its device.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters())
+      comm.broadcast(p.data_ptr(), static_cast<std::size_t>(p.nbytes()), 0);
+  }
+  if (context.use_cuda) {
+    comm::collectively(comm, [&] {
+      model->to(context.device);
+      reader->set_pinned(true);
+      if (val_reader) val_reader->set_pinned(true);
+    });
+    // The gradient communicator for device buffers (--backend auto: NCCL), bootstrapped over
+    // MPI; every rank builds it, or every rank learns why not.
+    comm::collectively(comm, [&] {
+      context.gradient_comm =
+          comm::make_communicator(comm::parse_backend(options.backend), comm::MemoryKind::kDevice);
+      if (auto* nccl = dynamic_cast<comm::NcclCommunicator*>(context.gradient_comm.get()))
+        nccl->set_compute_stream(memory::current_cuda_stream());
+    });
+  }
+  // A file saved after model.eval() would otherwise train with dropout off and BatchNorm frozen.
+  model->set_training(true);
+  parameters = model->parameter_set();
+  if (const std::string warning = model->mode_warning(); !warning.empty() && root && !options.quiet)
+    core::write_line(stderr, "autoaccum: warning: " + warning);
+  // Every rank loaded the same file, so every rank reaches this verdict without a word.
+  if (parameters.trainable_elements == 0) {
+    const std::string why =
+        parameters.frozen_elements > 0
+            ? "all " + std::to_string(parameters.frozen_elements) +
+                  " of its parameter elements have requires_grad=False"
+            : "it has no parameters (a file saved with torch.jit.freeze holds its weights as "
+              "constants; save torch.jit.script(model) without freeze)";
+    throw CollectiveError(model_name() + ": nothing to train: " + why, ExitCode::kUsage, 0);
+  }
+  comm::collectively(comm, [&] {
+    model_state = std::make_unique<ModelState>(*model, context.device, world, rank);
+  });
+}
+
+// One forward and loss on this rank's first rows, in eval mode and without gradients, so that
+// a model that cannot take the data fails here with one line, not at step 0 with a traceback
+// per rank. Buffers and random state are restored: the trial leaves no trace.
+void Trainer::State::trial() {
+  comm::collectively(comm, [&] {
+    const std::int64_t per_epoch = plan->batches_per_epoch();
+    const data::RowRange part = plan->rank_rows(0, 0 % per_epoch, rank);
+    if (part.size() < 1) return;
+    data::Batch rows = [&] {
+      const memory::UncountedScope staging;
+      data::Batch slab = reader->read(part.begin, std::min(part.end, part.begin + 2));
+      if (!slab.documents()) return slab;
+      // Documents: the first two, padded as one micro-batch.
+      const auto cut = data::plan_micro_batches(slab, std::numeric_limits<std::int64_t>::max() / 4);
+      return data::micro_batch(slab, cut.pieces.front());
+    }();
+    const auto& schema = reader->schema();
+    std::ostringstream what;
+    what << model_name() << " on --data '" << reader->paths().front() << "' (";
+    for (std::size_t i = 0; i + 1 < rows.size(); ++i) {
+      const at::Tensor& t = rows[i];
+      std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+      what << (i ? ", " : "") << schema.fields[i].name << " " << shape_text(shape) << " "
+           << t.scalar_type();
+    }
+    what << "): ";
+    AttemptGuard guard(*model_state);  // never committed
+    torch::NoGradGuard no_grad;
+    model->set_training(false);  // one row must do: BatchNorm1d cannot take it in train mode
+    struct TrainAgain {
+      Model& model;
+      ~TrainAgain() { model.set_training(true); }
+    } train_again{*model};
+    memory::OomWatch watch;
+    try {
+      std::vector<at::Tensor> inputs;
+      for (std::size_t i = 0; i + 1 < rows.size(); ++i)
+        inputs.push_back(context.on_device(rows[i]));
+      const at::Tensor target = context.on_device(rows[rows.size() - 1]);
+      const AutocastScope autocast(options.precision, context.device.type());
+      if (objective->from_model()) {
+        (void)model->forward_loss(inputs, target).first.item<double>();
+      } else {
+        const at::Tensor output = model->forward(inputs);
+        const std::string problem = objective->check_output(output, rows.rows(), options.targets);
+        if (!problem.empty()) throw InputError(problem);
+        (void)objective->terms(output, target).sum.item<double>();
+      }
+    } catch (const InputError& e) {
+      throw InputError(what.str() + e.what());
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (watch.explains(e)) {
+        throw Error("the model does not fit in memory (limit " + limit_text() +
+                        ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
+                    ExitCode::kOutOfMemory);
+      }
+      const std::string hint = objective->from_model()
+                                   ? "--loss model calls forward(inputs..., targets) and needs "
+                                     "(loss_sum, weight) back: "
+                                   : "";
+      throw InputError(what.str() + hint + torch_error_summary(e));
+    }
+  });
+}
+
+// The reduce buffer, the gradient views and the optimizer state, allocated once: a model that
+// cannot hold them fails here, with exit code 3, not inside a step.
+void Trainer::State::allocate_step_state() {
+  const std::vector<at::Tensor> bound_order(parameters.trainable.rbegin(),
+                                            parameters.trainable.rend());
+  comm::collectively(comm, [&] {
+    memory::OomWatch watch;
+    try {
+      if (sharded()) {
+        // Parameters in their order: rank 0 owns the first slice.
+        reducer = sharded_reducer(reduce_comm(), comm, parameters.trainable,
+                                  model_state->reduce_count(), control.count(), context.device);
+        optimizer = std::make_unique<OptimizerStep>(
+            options, reducer->stepped(), [this](double mine) { return reducer->total(mine); });
+        return;
+      }
+      ReduceLayout layout;
+      gradient_region = layout.add("gradients", parameters.trainable_elements);
+      buffer_region = layout.add("buffers", model_state->reduce_count());
+      control_region = layout.add("control", control.count());
+      reduce = std::make_unique<ReduceBuffer>(std::move(layout), context.device);
+      // In reverse: backward produces the last layers' gradients first, and --overlap's buckets
+      // go in the buffer's order (docs/design.md, "Overlapped all-reduce").
+      reduce->bind_gradients(bound_order, gradient_region);
+      optimizer = std::make_unique<OptimizerStep>(options, parameters.trainable);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (!watch.explains(e)) throw;
+      throw Error(
+          "the model's parameters, gradients and optimizer state do not fit in memory "
+          "(limit " +
+              limit_text() + "); raise --memory-limit or use a smaller model",
+          ExitCode::kOutOfMemory);
+    }
+  });
+  control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
+  if (options.shard == "optimizer" && world == 1)
+    say_later.push_back(
+        "--shard optimizer on one rank: nothing to shard; the optimizer state "
+        "stays whole on this rank");
+  if (!sharded()) {
+    choose_overlap(bound_order);
+    reducer = replicated_reducer(reduce_comm(), *reduce, bucketed.get(), parameters.trainable,
+                                 gradient_region, buffer_region, control_region);
+  }
+  optimizer_checkpoint = std::make_unique<OptimizerCheckpoint>(
+      comm, *optimizer, *reducer, parameters.trainable,
+      trainable_names(model->named_parameters(), parameters.trainable));
+  install_backward_injection();
+  if (context.gradient_comm) {
+    // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
+    // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
+    // for them stops here with an out-of-memory message, before the first step.
+    comm::collectively(comm, [&] { reducer->warm_up(); });
+  }
+}
+
+void Trainer::State::probe_precision() {
+  if (!root) return;
+  // Only a report: a device without lower-precision products (an older GPU) fails the probe,
+  // which must not stop an fp32 run; a bf16 run there fails at its first step instead.
+  try {
+    lower_gemm_speedup =
+        gemm_speedup(autocast_dtype_for(options.precision == Precision::kFp32 ? Precision::kBf16
+                                                                              : options.precision,
+                                        context.device.type()),
+                     context.device);
+  } catch (const std::exception& e) {
+    lower_gemm_speedup = 0;
+    gemm_probe_failure = torch_error_summary(e);
+  }
+}
+
+void Trainer::State::open_observers() {
+  peak_bytes.assign(static_cast<std::size_t>(world), 0);
+
+  if (!options.run_log.empty()) {
+    comm::collectively(comm, [&] {
+      if (!root) return;
+      if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
+        io::ResumeRow resumed;
+        resumed.global_batch =
+            options.global_batch_tokens > 0 ? options.global_batch_tokens : options.global_batch;
+        resumed.reshaped = reshaped ? 1 : 0;
+        resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
+        resumed.checkpoint = resumed_from;
+        for (const auto& line : resume_skipped)
+          resumed.skipped += (resumed.skipped.empty() ? "" : "; ") + line;
+        observers.push_back(std::make_unique<RunLogObserver>(
+            io::RunLogWriter::append(options.run_log, step, comm.hosts(), options.command_line,
+                                     resumed),
+            options.log_flush_every));
+        return;
+      }
+      io::RunLogHeader header;
+      header.world_size = world;
+      header.global_batch = plan->by_tokens() ? 0 : options.global_batch;
+      header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
+      header.command_line = options.command_line;
+      header.started_at = io::utc_now();
+      header.hostnames = comm.hosts();  // gathered when the communicator was made
+      // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
+      std::string fixed_bytes_list;
+      for (const std::int64_t b : fixed_bytes(sharded()))
+        fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
+      header.text = {
+          {"model", model->describe()},
+          {"loss", objective->describe()},
+          {"optimizer", options.optimizer},
+          {"schedule", options.schedule},
+          {"data", reader->paths().front() +
+                       (reader->paths().size() > 1
+                            ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
+                            : "")},
+          {"memory_limit", memory_limit_text()},
+          {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
+          {"balance", balance_text()},
+          {"overlap", overlap_text()},
+          {"shard", sharded() ? "optimizer" : "none"},
+          {"fixed_bytes_counted", fixed_bytes_list},
+          {"precision", to_string(options.precision)},
+          {"micro_batch_unit", documents() ? "tokens" : "rows"}};
+      header.numbers = {
+          {"lr", options.lr},
+          {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
+          {"total_steps", static_cast<double>(total_steps)},
+          {"parameters", static_cast<double>(parameters.trainable_elements)},
+          {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
+          {"shared_parameters", static_cast<double>(parameters.shared_elements)},
+          {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
+          {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+          {"lower_precision_gemm_speedup", lower_gemm_speedup},
+          {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
+          {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
+          {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0},
+          {"fixed_bytes_counted_unsharded", static_cast<double>(fixed_bytes(false).front())}};
+      observers.push_back(std::make_unique<RunLogObserver>(
+          io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
+    });
+  }
+  if (root && !options.quiet) {
+    observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
+  }
+}
+
+std::size_t Trainer::State::node_count() const {
+  std::vector<std::string> hosts(comm.hosts());
+  std::sort(hosts.begin(), hosts.end());
+  return static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
+}
+
+std::vector<std::int64_t> Trainer::State::fixed_bytes(bool sharded_state) const {
+  std::vector<std::int64_t> sizes;
+  for (const auto& p : parameters.trainable)
+    sizes.push_back(p.numel());
+  const std::int64_t tail = model_state->reduce_count() + control.count();
+  const auto state = static_cast<int>(optimizer->state_kinds().size());
+  const std::int64_t frozen = static_cast<std::int64_t>(sizeof(float)) * parameters.frozen_elements;
+  const ShardLayout layout = shard_layout(world, parameters.trainable_elements, tail);
+  std::vector<std::int64_t> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(
+        frozen +
+        (sharded_state && world > 1
+             ? sharded_fixed_bytes(layout, sizes, r, state).total()
+             : replicated_fixed_bytes(parameters.trainable_elements, tail, state).total()));
+  }
+  return out;
+}
+
+std::string Trainer::State::fixed_bytes_text() const {
+  const auto largest = [](const std::vector<std::int64_t>& v) {
+    return memory::format_bytes(*std::max_element(v.begin(), v.end()));
+  };
+  const std::string whole = largest(fixed_bytes(false));
+  const std::string sliced = largest(fixed_bytes(true));
+  return "fixed bytes per rank (parameters, gradients, optimizer state): " +
+         (sharded() ? sliced + " sharded (--shard optimizer), " + whole + " without"
+                    : whole + ", " + sliced + " with --shard optimizer");
+}
+
+void Trainer::State::announce() {
+  const std::size_t nodes = node_count();
+  std::ostringstream banner;
+  banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
+         << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
+         << model->describe() << ": " << parameters.describe();
+  if (model_state->averaged_values() > 0) {
+    banner << "; " << model_state->averaged_values()
+           << " buffer value(s) averaged over the ranks every step";
+  }
+  banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
+  if (documents()) {
+    banner << reader->schema().describe_documents() << "\nautoaccum: global batch ";
+    if (plan->by_tokens()) {
+      banner << "up to " << options.global_batch_tokens << " tokens of whole documents (at most "
+             << plan->global_batch() << " documents)";
+    } else {
+      banner << options.global_batch << " documents";
+    }
+    banner << ", split between ranks by tokens (" << plan->batches_per_epoch()
+           << " batches per epoch), " << total_steps << " steps; micro-batch tokens "
+           << (micro_batches->automatic() ? "auto" : "fixed")
+           << (micro_batches->per_rank() ? " per rank" : "")
+           << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
+           << " padded tokens (documents x longest)"
+           << (options.token_cost_by_memory
+                   ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
+                   : "");
+  } else {
+    banner << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
+           << plan->batches_per_epoch() << " batches per epoch), " << total_steps
+           << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
+           << (micro_batches->per_rank() ? " per rank" : "")
+           << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe();
+  }
+  banner << "; memory limit " << memory_limit_text()
+         << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
+  banner << "\nautoaccum: "
+         << describe_precision(options.precision, context.use_cuda, lower_gemm_speedup,
+                               gemm_probe_failure);
+  if (loss_scale.enabled()) {
+    banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
+           << ", halved on every rank when the gradients overflow, doubled after "
+           << LossScale::kGrowthInterval << " clean steps";
+    if (!context.use_cuda)
+      banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
+  }
+  if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
+  if (world > 1) banner << "\nautoaccum: gradient all-reduce " << overlap_text();
+  if (world > 1 && (sharded() || options.dry_run)) banner << "\nautoaccum: " << fixed_bytes_text();
+  for (const auto& slow : options.inject_slow) {
+    banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
+           << "x slower per row (--inject-slow)";
+  }
+  if (step > 0)
+    banner << "\nautoaccum: resumed at step " << step << " with micro-batch "
+           << micro_batches->describe();
+  say(banner.str());
+  for (const auto& line : say_later)
+    say("note: " + line);
+  say_later.clear();
+}
+
+}  // namespace autoaccum::train

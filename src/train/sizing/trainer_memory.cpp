@@ -1,0 +1,426 @@
+// Trainer's memory concern: every rank's limit, the memory models fed by every attempt, the
+// probe that predicts the first micro-batch (--micro-batch-search predict; docs/design.md), and
+// what the ranks do after an agreed out-of-memory (lower the sizes, or end the run in one line).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/core/error.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/sizing/memory_model.hpp"
+
+#include "../trainer_state.hpp"
+
+namespace autoaccum::train {
+namespace {
+
+// The last non-empty line of an error: what a TorchScript traceback ends with (the model's own
+// words, e.g. "builtins.ValueError: Expected more than 1 value per channel ...").
+std::string last_line(const std::string& text) {
+  std::size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return text;
+  const std::size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
+}  // namespace
+
+MicroBatchShape piece_shape(const data::MicroBatchPiece& piece) {
+  const auto units = static_cast<double>(piece.size());
+  return MicroBatchShape{units, piece.width > 0 ? units * static_cast<double>(piece.width) : 0.0};
+}
+
+// Each rank's limit, known on every rank: its --memory-limit item on the CPU; on a GPU the limit
+// given, or else the device's memory.
+void Trainer::State::gather_limits() {
+  std::int64_t mine = options.memory_limit;
+  if (context.use_cuda && mine <= 0) mine = memory::cuda_total_bytes(context.device.index());
+  rank_limits.assign(static_cast<std::size_t>(world), 0);
+  comm.allgather(&mine, sizeof(mine), rank_limits.data());
+  memory_models.assign(static_cast<std::size_t>(world), MemoryModel{});
+}
+
+bool Trainer::State::limits_known() const {
+  return std::any_of(rank_limits.begin(), rank_limits.end(), [](std::int64_t l) { return l > 0; });
+}
+
+void Trainer::State::learn_memory(const StepOutcome& outcome) {
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    MemoryModel& memory = memory_models[i];
+    memory.set_base(outcome.base_bytes[i]);
+    const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(), r) !=
+                         outcome.out_of_memory.end();
+    if (ran_out)
+      memory.ran_out(outcome.peak_shapes[i]);
+    else if (!outcome.abandoned)
+      memory.observe(outcome.peak_shapes[i], outcome.peak_bytes[i]);
+  }
+}
+
+// Two real micro-batches per rank before the first step, a small one and one twice its size
+// (each the first micro-batch of the rank's share of the first batch at that size, rolled back),
+// then every rank starts at the largest size its memory model predicts to fit. A size that runs
+// out while probing halves the probe; a second size that does not fit bounds the prediction and
+// the probe takes a smaller second point instead. Documents under --token-cost memory take a
+// third point: the largest budget that fitted, spent on the share's shorter documents
+// (data::narrow_piece), so that the model tells a wide token's cost from a narrow one's
+// (data::WidthCost); a share of documents alike in length has none. Every decision comes from the
+// agreed outcomes: the same on every rank, with no collective besides each attempt's own.
+void Trainer::State::probe_memory(const data::Batch& slab) {
+  if (!predict_pending) return;
+  predict_pending = false;
+  const auto start = Clock::now();
+  const std::string unit = documents() ? "token" : "row";
+  // Rows: at least 2, since BatchNorm cannot train on one row. Documents: the longest document.
+  const std::int64_t low = documents() ? size_floor : std::min<std::int64_t>(2, size_cap);
+  struct Probe {
+    std::int64_t small = 0, large = 0;
+    // 0: small untried, 1: large untried, 2: the smaller second point, 3: done, 4: documents'
+    // narrow point untried (after the others)
+    int stage = 0;
+    std::int64_t failed = 0;  // the smallest probe size that ran out
+    std::int64_t fitted = 0;  // the largest probe size that fitted
+    int sizes_fitted = 0;     // how many probe sizes fitted
+  };
+  // The first size: small enough to fit in the usual case (rows: a sixteenth of the share;
+  // documents: the longest document alone, the budget's floor).
+  std::vector<Probe> probes(static_cast<std::size_t>(world));
+  for (auto& p : probes)
+    p.small = documents() ? low : std::max(low, size_cap / 16);
+  const auto size_of = [](const Probe& p) {
+    switch (p.stage) {
+      case 0:
+        return p.small;
+      case 1:
+        return p.large;
+      case 2:
+        return p.small / 2;
+      case 4:
+        return p.fitted;
+      default:
+        return std::int64_t{0};
+    }
+  };
+  // The sizes are measured: with --token-cost memory, documents then take the narrow point, at
+  // the largest budget that fitted, once two budgets fitted (a slope per token at the longest
+  // width to tell the narrow point's from; one wide point and a narrow one fit nothing).
+  const bool narrow = documents() && options.token_cost_by_memory;
+  const auto sizes_done = [&](Probe& p) { p.stage = narrow && p.sizes_fitted >= 2 ? 4 : 3; };
+  std::int64_t attempts = 0;
+  std::vector<int> nothing_fits;  // ranks whose smallest probe ran out
+  for (;;) {
+    if (std::all_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage == 3; }))
+      break;
+    const Probe& mine = probes[static_cast<std::size_t>(rank)];
+    const StepOutcome outcome = attempt(
+        slab, size_of(mine), mine.stage == 4 ? ProbePiece::kNarrowPiece : ProbePiece::kFirstPiece);
+    ++attempts;
+    fail_if_refused(outcome);
+    if (outcome.abandoned || outcome.stop) {
+      // A stop signal while probing: start without a prediction; the step loop stops.
+      break;
+    }
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      Probe& p = probes[i];
+      if (p.stage == 3) continue;
+      if (p.stage == 4) {
+        // A shape, not a size: the memory model has it (or its out-of-memory) either way.
+        p.stage = 3;
+        continue;
+      }
+      const std::int64_t tried = size_of(p);
+      const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
+                                     r) != outcome.out_of_memory.end();
+      if (ran_out) p.failed = p.failed > 0 ? std::min(p.failed, tried) : tried;
+      if (!ran_out) {
+        p.fitted = std::max(p.fitted, tried);
+        ++p.sizes_fitted;
+      }
+      if (p.stage == 0 && ran_out) {
+        if (p.small <= low) {
+          nothing_fits.push_back(r);
+          continue;
+        }
+        p.small = std::max(low, p.small / 2);
+      } else if (p.stage == 0) {
+        // The second size from the first measurement: half of what the first one's bytes per
+        // unit (above the state the rank held before it) say would fill the limit, so that the
+        // two points lie far apart and the second still fits in the usual case. A share smaller
+        // than the size tried (the whole share measured) or no limit on this rank: nothing more to
+        // learn.
+        const double measured = outcome.peak_shapes[i].units;
+        const double per_unit =
+            measured > 0
+                ? static_cast<double>(outcome.peak_bytes[i] - outcome.base_bytes[i]) / measured
+                : 0.0;
+        const double room = static_cast<double>(rank_limits[i] - outcome.base_bytes[i]);
+        if ((!documents() && measured < static_cast<double>(tried)) || rank_limits[i] <= 0) {
+          p.stage = 3;  // nothing to predict: no narrow point either
+        } else {
+          const auto half_of_fill =
+              per_unit > 0 ? static_cast<std::int64_t>(0.5 * room / per_unit) : 2 * p.small;
+          // At least twice the first: a second point close to the first says little (an
+          // attempt may hold a large fixed cost beyond the state, such as gradients being
+          // accumulated: the first point alone would count it per row), and for documents a
+          // smaller budget would not change the shape. If it runs out, that bounds the model.
+          p.large = std::min(size_cap, std::max(half_of_fill, 2 * p.small));
+          if (p.large >= p.small + std::max<std::int64_t>(1, p.small / 2)) {
+            p.stage = 1;
+          } else if (p.small / 2 >= low && p.small / 2 < p.small) {
+            p.stage = 2;  // the first size is already near the limit: a second one below it
+          } else {
+            sizes_done(p);
+          }
+        }
+      } else if (p.stage == 1) {
+        // A second point below the first when the larger one did not fit.
+        if (ran_out && p.small / 2 >= low && p.small / 2 < p.small)
+          p.stage = 2;
+        else
+          sizes_done(p);
+      } else {
+        sizes_done(p);
+      }
+    }
+    if (!nothing_fits.empty()) {
+      // The smallest probe ran out: the state the model keeps whatever the micro-batch leaves
+      // no room. One line, before halving to sizes that cannot help.
+      std::int64_t peak = 0;
+      for (int r : nothing_fits)
+        peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
+      StepOutcome which;
+      which.out_of_memory = nothing_fits;
+      std::ostringstream message;
+      message << which.ranks_text() << " ran out of memory on a micro-batch of " << low << " "
+              << unit << (low == 1 ? "" : "s") << " while probing memory before the first step ("
+              << limit_text(options.memory_limits.empty() ? std::vector<int>{} : nothing_fits)
+              << ", peak " << memory::format_bytes(peak)
+              << "): the model's parameters, gradients and optimizer state leave no room for "
+                 "its activations; raise --memory-limit, use more memory per rank or a smaller "
+                 "model"
+              << (options.optimizer == "adamw" ? ", or --optimizer sgd (no moment buffers)" : "");
+      fail_run(message.str(), ExitCode::kOutOfMemory);
+    }
+  }
+
+  // The prediction per rank; a rank with nothing to predict from keeps its whole share (or the
+  // largest probe that fitted, when one ran out).
+  std::vector<std::int64_t> sizes, failed;
+  MemoryPrediction event;
+  event.step = step;
+  event.unit = unit;
+  event.margin = options.memory_margin;
+  event.probe_attempts = attempts;
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    const Probe& p = probes[i];
+    const double width = documents() ? static_cast<double>(size_floor) : 0.0;
+    const auto predicted =
+        memory_models[i].largest(rank_limits[i], options.memory_margin, size_cap, width);
+    std::int64_t size = predicted ? *predicted : p.failed > 0 ? p.fitted : size_cap;
+    // A size the probe measured is kept even when the margin says less.
+    if (predicted) size = std::max(*predicted, p.fitted);
+    MemoryPrediction::Rank line;
+    line.rank = r;
+    line.limit = rank_limits[i];
+    line.predicted = predicted ? *predicted : -1;
+    line.fitted = predicted.has_value();
+    if (const auto fit = memory_models[i].fit()) line.fit = *fit;
+    size = std::max(size, size_floor);
+    if (!documents() && size < size_cap) {
+      // As many micro-batches as the prediction needs, evened out: the same accumulation with
+      // smaller micro-batches (256 rows at 215 run as 2 x 128), so more room to spare.
+      const std::int64_t count = (size_cap + size - 1) / size;
+      size = (size_cap + count - 1) / count;
+    }
+    sizes.push_back(size);
+    failed.push_back(p.failed);
+    event.ranks.push_back(line);
+  }
+  if (!micro_batches->per_rank()) {
+    // Scope global: one size for every rank, the smallest prediction.
+    const std::int64_t smallest = *std::min_element(sizes.begin(), sizes.end());
+    sizes.assign(sizes.size(), smallest);
+    std::int64_t bound = 0;
+    for (std::int64_t f : failed)
+      if (f > 0) bound = bound > 0 ? std::min(bound, f) : f;
+    failed.assign(failed.size(), bound);
+  }
+  micro_batches->start_at(sizes, failed);
+  for (auto& line : event.ranks)
+    line.used = micro_batches->current(line.rank);
+  if (narrow && !fixed_size) {
+    // The budgets were predicted at the longest document's width: with --token-cost memory, a
+    // piece of narrower documents may take more tokens for the same predicted peak
+    // (data::WidthCost).
+    width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
+    for (int r = 0; r < world; ++r) {
+      const auto fit = memory_models[static_cast<std::size_t>(r)].fit();
+      if (fit && fit->per_unit > 0 && fit->per_square > 0)
+        width_costs[static_cast<std::size_t>(r)] =
+            data::WidthCost{fit->per_square / fit->per_unit, size_floor};
+    }
+  }
+  event.seconds = seconds_since(start);
+  memory::release_cached_memory();
+  prediction = event;
+  notify([&](StepObserver& o) { o.on_prediction(event); });
+}
+
+// --balance throughput with an automatic micro-batch of rows: when the shares change, each
+// rank's micro-batch follows its share. A slow rank's share may fall below the size it held (it
+// then runs its share whole), and a fast rank's size grows into its larger share as far as its
+// memory model predicts it fits (scope global: the smallest rank's prediction). Without a limit
+// nothing bounds it but an out-of-memory, which halves as ever. Every rank computes every
+// rank's sizes from the same shares and models: no collective.
+void Trainer::State::follow_shares() {
+  if (!sizes_follow_shares()) return;
+  const std::vector<std::int64_t> now = shares->shares(step);
+  if (now == followed_shares) return;
+  followed_shares = now;
+  const std::int64_t widest = *std::max_element(now.begin(), now.end());
+  std::vector<std::optional<std::int64_t>> predicted(static_cast<std::size_t>(world));
+  for (std::size_t i = 0; i < predicted.size() && i < rank_limits.size(); ++i) {
+    if (rank_limits[i] > 0)
+      predicted[i] = memory_models[i].largest(rank_limits[i], options.memory_margin, widest);
+  }
+  if (!micro_batches->per_rank()) {
+    std::optional<std::int64_t> smallest;
+    for (const auto& p : predicted)
+      if (p) smallest = smallest ? std::min(*smallest, *p) : *p;
+    if (smallest) predicted.assign(predicted.size(), smallest);
+  }
+  if (micro_batches->follow_shares(now, predicted).empty()) return;
+  say("step " + std::to_string(step) + ": micro-batches " + micro_batches->describe() +
+      " follow the rows per rank " + sizes_text(now));
+}
+
+// --dry-run: after the probe, what the user asked for: the largest global batch that runs
+// without accumulation, and how this --global-batch would run.
+void Trainer::State::report_dry_run() {
+  const std::string units = documents() ? "tokens" : "rows";
+  if (!prediction) {
+    say("dry run: nothing to predict against (no --memory-limit, and not on a GPU): every rank "
+        "would start at its whole share, " +
+        std::to_string(size_cap) + " " + units + ", and halve if it ran out of memory");
+    return;
+  }
+  std::int64_t total = 0;
+  std::vector<std::int64_t> each;
+  bool capped = false;
+  for (const auto& r : prediction->ranks) {
+    // Without a model (one size measured) the share that was measured is what is known to fit.
+    const std::int64_t fits = r.predicted >= 0 ? r.predicted : size_cap;
+    capped = capped || fits >= size_cap;
+    each.push_back(fits);
+  }
+  if (!micro_batches->per_rank() && !fixed_size) {
+    const std::int64_t smallest = *std::min_element(each.begin(), each.end());
+    each.assign(each.size(), smallest);
+  }
+  for (std::int64_t m : each)
+    total += m;
+  std::ostringstream line;
+  line << "dry run: the largest global batch without accumulation is about " << total << " "
+       << units << " (" << sizes_text(each) << " per rank"
+       << (capped ? "; a rank's figure is capped at its share of this --global-batch, so it may "
+                    "hold more"
+                  : "")
+       << ")";
+  say(line.str());
+  if (!documents()) {
+    std::ostringstream plan_line;
+    plan_line << "dry run: --global-batch " << options.global_batch
+              << " would start at micro-batch " << micro_batches->describe() << " (accumulation "
+              << micro_batches->accumulation(0, size_cap) << " on rank 0)";
+    say(plan_line.str());
+  }
+}
+
+// After an agreed out-of-memory: when some rank's model refused its size (its own error at a
+// size below one that ran out), the run ends here on every rank with one line naming the lowest
+// such rank, exit 3; otherwise nothing happens and the sizes are lowered by the caller.
+void Trainer::State::fail_if_refused(const StepOutcome& outcome) {
+  const std::vector<int> refused = outcome.refused();
+  if (refused.empty()) return;
+  // The refusing ranks' own words, agreed in one more collective (every rank enters it: each
+  // read the same outcome); the lowest refusing rank's message is printed once.
+  std::string mine;
+  if (std::find(refused.begin(), refused.end(), rank) != refused.end()) {
+    const std::int64_t size = last_tried;  // the attempt's (a probe's size is not current)
+    const std::string unit = documents() ? " tokens" : size == 1 ? " row" : " rows";
+    mine = "rank " + std::to_string(rank) + ": the model fails on a micro-batch of " +
+           std::to_string(size) + unit + " (out of memory at " + std::to_string(refused_after) +
+           ", limit " +
+           limit_text(options.memory_limits.empty() ? std::vector<int>{} : std::vector<int>{rank}) +
+           "): " + last_line(refusal) +
+           "; it needs a larger micro-batch than the memory leaves room for: raise "
+           "--memory-limit, use more memory per rank or a smaller model";
+  }
+  const auto agreed = comm::agree_on_failure(comm, mine, static_cast<int>(ExitCode::kOutOfMemory));
+  const std::string message = agreed ? agreed->message : "a model error on a smaller micro-batch";
+  finish("failed", message);
+  if (agreed) comm::throw_collective(comm, *agreed);
+  throw CollectiveError(message, ExitCode::kOutOfMemory, 0);
+}
+
+void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
+  fail_if_refused(outcome);
+  OomEvent event;
+  event.step = step;
+  event.ranks = outcome.out_of_memory;
+  event.ranks_text = outcome.ranks_text();
+  event.where_text = outcome.phases_text();
+  for (int r : event.ranks) {
+    event.micro_batches.push_back(micro_batches->current(r));
+    event.probe = event.probe || micro_batches->probing(r);
+  }
+  const bool can_shrink = micro_batches->after_oom(event.ranks);
+  if (can_shrink) {
+    for (int r : event.ranks)
+      event.next.push_back(micro_batches->current(r));
+  }
+  event.per_rank = micro_batches->per_rank();
+  event.tokens = documents();
+  event.world = world;
+  event.limit_text = limit_text(options.memory_limits.empty() ? std::vector<int>{} : event.ranks);
+  result.oom_events += static_cast<std::int64_t>(event.ranks.size());
+  notify([&](StepObserver& o) { o.on_oom(event); });
+  if (!can_shrink) {
+    std::int64_t worst_peak = 0;
+    for (int r : event.ranks)
+      worst_peak = std::max(worst_peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
+    std::ostringstream message;
+    message << event.ranks_text << " ran out of memory at "
+            << (documents() ? "token budget " : "micro-batch ") << sizes_text(event.micro_batches)
+            << event.where_text << " (limit " << event.limit_text << ", peak "
+            << memory::format_bytes(worst_peak) << ") at step " << step << ": ";
+    if (micro_batches->automatic() && documents()) {
+      const auto& lengths = reader->schema().lengths;
+      const auto longest = std::max_element(lengths.begin(), lengths.end());
+      message << "the longest document (" << (longest - lengths.begin()) << ", " << *longest
+              << " tokens) does not fit even alone; split long documents (autoaccum import text "
+                 "--documents --max-length N), raise --memory-limit or use a smaller model";
+    } else if (micro_batches->automatic()) {
+      message << "the model does not fit even at micro-batch 1; raise --memory-limit, use more "
+                 "ranks or a smaller model";
+    } else if (documents()) {
+      message << "--micro-batch-tokens " << event.micro_batches.front()
+              << " is fixed; use --micro-batch-tokens auto to let autoaccum find a budget that "
+                 "fits";
+    } else {
+      message << "--micro-batch " << event.micro_batches.front()
+              << " is fixed; use --micro-batch auto to let autoaccum find a size that fits";
+    }
+    fail_run(message.str(), ExitCode::kOutOfMemory);
+  }
+  memory::release_cached_memory();
+}
+
+}  // namespace autoaccum::train
