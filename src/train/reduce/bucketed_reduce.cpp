@@ -75,7 +75,7 @@ struct BucketedReduce::Shared {
   std::condition_variable wake;
   std::vector<char> ready;  // per bucket: may be sent
   std::size_t next = 0;     // the bucket the thread sends next
-  std::int64_t early = 0;   // buckets sent before finish()
+  std::int64_t early = 0;   // buckets whose sum started before finish()
   bool active = false, finishing = false, in_collective = false, stop = false;
   std::exception_ptr error;
   std::thread thread;
@@ -125,6 +125,9 @@ struct BucketedReduce::Shared {
       if (stop) return;
       const Bucket& bucket = buckets[next];
       in_collective = true;
+      // Counted as sent during backward when it started before finish(): finish() may come
+      // while the sum is in flight (a test that saw the call begin must see it counted).
+      const bool before_finish = !finishing;
       lock.unlock();
       std::exception_ptr failed;
       try {
@@ -139,7 +142,7 @@ struct BucketedReduce::Shared {
         error = failed;
         next = buckets.size();  // the rank fails; no further bucket is sent
       } else {
-        if (!finishing) ++early;
+        if (before_finish) ++early;
         ++next;
       }
       wake.notify_all();
