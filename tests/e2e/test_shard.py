@@ -149,6 +149,28 @@ class Shard(TempDirTest):
             with self.subTest(name):
                 self.assert_same_run(checkpoint, straight, bitwise=bitwise)
 
+    def test_balanced_shares_with_a_slow_rank_equal_pytorch(self):
+        # --balance throughput moves rows between ranks; the slice of parameters a rank owns
+        # does not move with them. Three ranks, rank 2 twenty times slower: its share shrinks,
+        # and the run equals PyTorch walking the rows each rank was given (the run log's).
+        model = um.save_scripted(um.Tied, self.path("balance.pt"))
+        initial = {n: p.detach().numpy().copy()
+                   for n, p in torch.jit.load(model).named_parameters()}
+        log, checkpoint = self.path("balance-log.h5"), self.path("balance.h5")
+        r = self.train(3, model, "--global-batch", 48, "--steps", 6, "--micro-batch", 4,
+                       "--lr", 0.05, "--momentum", 0.9, "--balance", "throughput",
+                       "--balance-every", 2, "--inject-slow", "rank=2,factor=20", "--shard",
+                       "optimizer", "--run-log", log, "--checkpoint", checkpoint)
+        self.assertIn("rows per rank", r.stdout)
+        size_of, parts, _ = um.rank_sizes(log)
+        rows = [hi - lo for lo, hi in parts(5)]
+        self.assertLess(rows[2], 16, rows)
+        reference = um.reference_steps(model, self.x, self.y, world=3, micro_batch=size_of,
+                                       global_batch=48, steps=6, lr=0.05, momentum=0.9,
+                                       parts=parts)
+        params = um.checkpoint_tensors(checkpoint)[0]
+        self.assertLess(um.update_distance(params, reference, initial), 1e-5)
+
     def test_bad_input_gets_one_line_and_one_rank_a_note(self):
         model = um.save_scripted(um.Tied(), self.path("bad.pt"))
         common = ["--global-batch", 48, "--steps", 1, "--micro-batch", 8]
