@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "autoaccum/core/error.hpp"
+#include "autoaccum/train/options.hpp"
 #include "autoaccum/train/sizing/balance.hpp"
 #include "autoaccum/train/sizing/micro_batch.hpp"
-#include "autoaccum/train/options.hpp"
 
 namespace autoaccum::train {
 namespace {

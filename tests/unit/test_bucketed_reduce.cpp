@@ -13,6 +13,7 @@
 
 #include "autoaccum/train/reduce/bucketed_reduce.hpp"
 #include "autoaccum/train/reduce/reduce_buffer.hpp"
+#include "test_comm.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -57,24 +58,11 @@ TEST(CutBuckets, EveryParameterOnceInOrderWithoutGaps) {
 // A communicator of one rank that records each data-plane call and doubles the values (as if a
 // second rank had the same), so that a float sent twice or never shows. Queued (as NCCL), it
 // says so and records which thread queued each sum and whether it came through the queue.
-class RecordingComm final : public comm::Communicator {
+class RecordingComm final : public test::TestComm {
  public:
   explicit RecordingComm(bool queued = false) : queued_(queued) {}
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  int local_rank() const override { return 0; }
-  int local_size() const override { return 1; }
-  const std::vector<std::string>& hosts() const override { return hosts_; }
   std::string_view backend() const override { return queued_ ? "nccl" : "recording"; }
   bool queues_collectives() const override { return queued_; }
-  comm::MemoryKind buffer_memory() const override { return comm::MemoryKind::kHost; }
-  void allreduce_max(std::int64_t*, std::size_t) override {}
-  void allreduce_sum(std::int64_t*, std::size_t) override {}
-  void allreduce_min(std::int64_t*, std::size_t) override {}
-  void allreduce_sum_host(double*, std::size_t) override {}
-  void allgather(const void*, std::size_t, void*) override {}
-  void broadcast(void*, std::size_t, int) override {}
-  void barrier() override {}
 
   std::vector<std::string> calls() {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -106,11 +94,9 @@ class RecordingComm final : public comm::Communicator {
     threads_.push_back(std::this_thread::get_id());
     changed_.notify_all();
   }
-  void do_allreduce_sum(double*, std::size_t, const char*) override {}
 
  private:
   bool queued_;
-  std::vector<std::string> hosts_{"here"};
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::string> calls_;

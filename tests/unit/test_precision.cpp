@@ -8,8 +8,8 @@
 
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/train/model/fused_linear.hpp"
-#include "autoaccum/train/step/loss_scale.hpp"
 #include "autoaccum/train/model/precision.hpp"
+#include "autoaccum/train/step/loss_scale.hpp"
 
 namespace autoaccum::train {
 namespace {

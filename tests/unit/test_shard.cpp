@@ -7,6 +7,7 @@
 
 #include "autoaccum/comm/local_communicator.hpp"
 #include "autoaccum/train/reduce/reducer.hpp"
+#include "test_comm.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -44,13 +45,13 @@ TEST(FixedBytes, AdamWHoldsSixteenBytesAParameterUnshardedAndFourPlusFourPlusEig
   const FixedBytes whole = replicated_fixed_bytes(p, 0, 2);
   EXPECT_EQ(whole.total(), 16 * p);
   const ShardLayout l = shard_layout(4, p, 0);
-  const FixedBytes sliced = sharded_fixed_bytes(l, {p}, 1, 2);
+  const FixedBytes sliced = sharded_fixed_bytes(l, 1, 2);
   EXPECT_EQ(sliced.parameters, 4 * p);
   EXPECT_EQ(sliced.gradients, 4 * p);
   EXPECT_EQ(sliced.optimizer, 8 * p / 4);
   EXPECT_DOUBLE_EQ(static_cast<double>(sliced.total()) / static_cast<double>(whole.total()), 0.625);
   // The tail rides in every chunk: W copies of it.
-  EXPECT_EQ(sharded_fixed_bytes(shard_layout(4, p, 100), {p}, 0, 2).gradients, 4 * (p + 400));
+  EXPECT_EQ(sharded_fixed_bytes(shard_layout(4, p, 100), 0, 2).gradients, 4 * (p + 400));
 }
 
 TEST(ShardedReduce, OneRankStepsEverythingWithItsGradientsAfterTheTail) {
@@ -79,36 +80,10 @@ TEST(ShardedReduce, OneRankStepsEverythingWithItsGradientsAfterTheTail) {
   EXPECT_EQ(reducer->total(2.5), 2.5);
 }
 
-// Rank 1 of 2 whose peer contributes zeros: every sum is this rank's own values.
-class SecondOfTwo final : public comm::Communicator {
- public:
-  int rank() const override { return 1; }
-  int size() const override { return 2; }
-  int local_rank() const override { return 1; }
-  int local_size() const override { return 2; }
-  const std::vector<std::string>& hosts() const override { return hosts_; }
-  std::string_view backend() const override { return "test"; }
-  comm::MemoryKind buffer_memory() const override { return comm::MemoryKind::kHost; }
-  void allreduce_max(std::int64_t*, std::size_t) override {}
-  void allreduce_sum(std::int64_t*, std::size_t) override {}
-  void allreduce_min(std::int64_t*, std::size_t) override {}
-  void allreduce_sum_host(double*, std::size_t) override {}
-  void allgather(const void*, std::size_t, void*) override {}
-  void broadcast(void*, std::size_t, int) override {}
-  void barrier() override {}
-
- protected:
-  void do_allreduce_sum(float*, std::size_t, const char*) override {}
-  void do_allreduce_sum(double*, std::size_t, const char*) override {}
-
- private:
-  std::vector<std::string> hosts_{"a", "a"};
-};
-
 TEST(ShardedReduce, AParameterCrossingASliceBoundaryAccumulatesIntoBothChunksWithoutAGradient) {
   // 12 + 5 elements on 2 ranks: slices of 9. `a` crosses (elements 0-8 in slice 0, 9-11 in
   // slice 1); `b` lies in slice 1. Rank 1 steps a's last 3 elements and all of b.
-  SecondOfTwo comm;
+  test::TestComm comm(1, 2);  // rank 1 of 2; the peer contributes zeros
   torch::manual_seed(4);
   auto a = torch::randn({3, 4}).set_requires_grad(true);
   auto b = torch::randn({5}).set_requires_grad(true);

@@ -10,8 +10,8 @@
 
 #include "autoaccum/train/model/model.hpp"
 #include "autoaccum/train/model/model_state.hpp"
-#include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/reduce/reduce_layout.hpp"
+#include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/step/step_agreement.hpp"
 
 namespace autoaccum::train {

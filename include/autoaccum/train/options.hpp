@@ -8,8 +8,8 @@
 
 #include "autoaccum/core/drill.hpp"
 #include "autoaccum/memory/memory.hpp"
-#include "autoaccum/train/step/loss_scale.hpp"
 #include "autoaccum/train/model/precision.hpp"
+#include "autoaccum/train/step/loss_scale.hpp"
 
 namespace autoaccum::train {
 

@@ -242,9 +242,8 @@ FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int 
   return {kFloat * elements, kFloat * (elements + tail), kFloat * state_floats * elements};
 }
 
-FixedBytes sharded_fixed_bytes(const ShardLayout& layout, const std::vector<std::int64_t>& sizes,
-                               int rank, int state_floats) {
-  (void)sizes;  // a parameter crossing a slice boundary holds no gradient tensor of its own
+FixedBytes sharded_fixed_bytes(const ShardLayout& layout, int rank, int state_floats) {
+  // A parameter crossing a slice boundary holds no gradient tensor of its own: nothing to add.
   constexpr std::int64_t kFloat = sizeof(float);
   return {kFloat * layout.world * layout.slice, kFloat * layout.world * layout.chunk(),
           kFloat * state_floats * (layout.end(rank) - layout.begin(rank))};

@@ -10,8 +10,8 @@
 
 #include "autoaccum/comm/communicator.hpp"
 #include "autoaccum/io/checkpoint.hpp"
-#include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/reduce/reducer.hpp"
+#include "autoaccum/train/step/optimizer_step.hpp"
 
 namespace autoaccum::train {
 

@@ -10,9 +10,9 @@
 #include <iostream>
 #include <numeric>
 
+#include "../trainer_state.hpp"
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/console.hpp"
-#include "../trainer_state.hpp"
 
 namespace autoaccum::train {
 namespace {

@@ -31,13 +31,13 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
-#include "autoaccum/train/sizing/balance.hpp"
-#include "autoaccum/train/sizing/micro_batch.hpp"
 #include "autoaccum/train/model/model_state.hpp"
 #include "autoaccum/train/model/objective.hpp"
-#include "autoaccum/train/run/observers.hpp"
-#include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/reduce/reduce_buffer.hpp"
+#include "autoaccum/train/run/observers.hpp"
+#include "autoaccum/train/sizing/balance.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
+#include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/step/schedule.hpp"
 #include "autoaccum/train/step/step_agreement.hpp"
 
@@ -498,9 +498,6 @@ std::size_t Trainer::State::node_count() const {
 }
 
 std::vector<std::int64_t> Trainer::State::fixed_bytes(bool sharded_state) const {
-  std::vector<std::int64_t> sizes;
-  for (const auto& p : parameters.trainable)
-    sizes.push_back(p.numel());
   const std::int64_t tail = model_state->reduce_count() + control.count();
   const auto state = static_cast<int>(optimizer->state_kinds().size());
   const std::int64_t frozen = static_cast<std::int64_t>(sizeof(float)) * parameters.frozen_elements;
@@ -510,7 +507,7 @@ std::vector<std::int64_t> Trainer::State::fixed_bytes(bool sharded_state) const 
     out.push_back(
         frozen +
         (sharded_state && world > 1
-             ? sharded_fixed_bytes(layout, sizes, r, state).total()
+             ? sharded_fixed_bytes(layout, r, state).total()
              : replicated_fixed_bytes(parameters.trainable_elements, tail, state).total()));
   }
   return out;

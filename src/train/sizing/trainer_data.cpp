@@ -16,9 +16,9 @@
 #include "autoaccum/data/micro_batch_plan.hpp"
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/model/objective.hpp"
 #include "autoaccum/train/sizing/balance.hpp"
 #include "autoaccum/train/sizing/micro_batch.hpp"
-#include "autoaccum/train/model/objective.hpp"
 #include "autoaccum/train/step/schedule.hpp"
 
 #include "../trainer_state.hpp"

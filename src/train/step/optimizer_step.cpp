@@ -133,11 +133,15 @@ std::size_t OptimizerStep::stepped_count() const {
   return optimizer_->param_groups().at(0).params().size();
 }
 
-at::Tensor OptimizerStep::state(std::size_t index, const std::string& kind) const {
+torch::optim::OptimizerParamState& OptimizerStep::param_state(std::size_t index) const {
   const at::Tensor& p = optimizer_->param_groups().at(0).params().at(index);
   auto& state = optimizer_->state();
   using Map = std::remove_reference_t<decltype(state)>;
-  auto& s = *state.at(compat::optimizer_state_key<Map>(p));
+  return *state.at(compat::optimizer_state_key<Map>(p));
+}
+
+at::Tensor OptimizerStep::state(std::size_t index, const std::string& kind) const {
+  auto& s = param_state(index);
   if (options_.optimizer == "adamw") {
     auto& adam = static_cast<torch::optim::AdamWParamState&>(s);
     if (kind == "exp_avg") return adam.exp_avg();
@@ -150,27 +154,13 @@ at::Tensor OptimizerStep::state(std::size_t index, const std::string& kind) cons
 
 std::int64_t OptimizerStep::step_count() const {
   if (options_.optimizer != "adamw" || stepped_count() == 0) return 0;
-  const at::Tensor& p = optimizer_->param_groups().at(0).params().at(0);
-  auto& state = optimizer_->state();
-  using Map = std::remove_reference_t<decltype(state)>;
-  return static_cast<torch::optim::AdamWParamState&>(*state.at(compat::optimizer_state_key<Map>(p)))
-      .step();
+  return static_cast<torch::optim::AdamWParamState&>(param_state(0)).step();
 }
 
 void OptimizerStep::set_step_count(std::int64_t steps) {
   if (options_.optimizer != "adamw") return;
-  auto& state = optimizer_->state();
-  using Map = std::remove_reference_t<decltype(state)>;
-  for (const auto& p : optimizer_->param_groups().at(0).params())
-    static_cast<torch::optim::AdamWParamState&>(*state.at(compat::optimizer_state_key<Map>(p)))
-        .step(steps);
-}
-
-void OptimizerStep::save_to(
-    const std::function<std::size_t(const void*, std::size_t)>& sink) const {
-  torch::serialize::OutputArchive archive;
-  optimizer_->save(archive);
-  archive.save_to(sink);
+  for (std::size_t i = 0; i < stepped_count(); ++i)
+    static_cast<torch::optim::AdamWParamState&>(param_state(i)).step(steps);
 }
 
 void OptimizerStep::load(const std::string& bytes, const c10::Device& device) {

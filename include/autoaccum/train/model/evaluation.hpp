@@ -11,8 +11,8 @@
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/train/model/model.hpp"
 #include "autoaccum/train/model/objective.hpp"
-#include "autoaccum/train/run/observers.hpp"
 #include "autoaccum/train/model/precision.hpp"
+#include "autoaccum/train/run/observers.hpp"
 
 namespace autoaccum::train {
 

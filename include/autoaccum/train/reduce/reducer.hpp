@@ -52,8 +52,7 @@ struct FixedBytes {
   std::int64_t total() const { return parameters + gradients + optimizer; }
 };
 FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int state_floats);
-FixedBytes sharded_fixed_bytes(const ShardLayout& layout, const std::vector<std::int64_t>& sizes,
-                               int rank, int state_floats);
+FixedBytes sharded_fixed_bytes(const ShardLayout& layout, int rank, int state_floats);
 
 // What an attempt hands to the step's collective, and what it reads back. The attempt writes
 // its contribution into part(kBuffers) (the model's buffer changes: BatchNorm statistics) and

@@ -13,7 +13,8 @@
 
 namespace torch::optim {
 class Optimizer;
-}
+class OptimizerParamState;
+}  // namespace torch::optim
 
 namespace autoaccum::train {
 
@@ -58,12 +59,12 @@ class OptimizerStep {
   void set_step_count(std::int64_t steps);
   std::size_t stepped_count() const;
 
-  // LibTorch's archive of the state, given to `sink` as LibTorch makes it (each state tensor
-  // from its own memory: never whole in host memory).
-  void save_to(const std::function<std::size_t(const void*, std::size_t)>& sink) const;
+  // LibTorch's archive of the state, as checkpoints before per-parameter state held it.
   void load(const std::string& bytes, const c10::Device& device);  // c10::Error on mismatch
 
  private:
+  torch::optim::OptimizerParamState& param_state(std::size_t index) const;  // of stepped tensor
+
   const TrainOptions& options_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::function<double(double)> total_;
