@@ -1,6 +1,7 @@
 // The built-in models and the TorchScript adapter.
 #include "autoaccum/train/model/model.hpp"
 
+#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -94,7 +95,8 @@ class ScriptModel final : public Model {
     if (access(path.c_str(), R_OK) != 0)
       throw InputError("--model-file '" + path + "' is not readable (permissions)");
     try {
-      module_ = torch::jit::load(path);
+      extra_files_ = extra_file_names(path);
+      module_ = torch::jit::load(path, c10::nullopt, extra_files_);
     } catch (const c10::Error& e) {
       const std::string text = e.what_without_backtrace();
       // torch.save() writes a pickled module or state dict, which LibTorch cannot run.
@@ -189,11 +191,27 @@ class ScriptModel final : public Model {
            "traced, in training and in evaluation alike (evaluation is not in eval mode); make it "
            "with torch.jit.script to let them follow the mode (docs/models.md)";
   }
-  void save(const std::string& path) override { module_.save(path); }
+  // The extra files the model file carried (jobs/models/hf.py's configuration, a user's own
+  // metadata) travel into the exported file unchanged.
+  void save(const std::string& path) override { module_.save(path, extra_files_); }
 
  private:
+  // The names of the archive's extra files ("<archive>/extra/NAME"), as keys for jit::load to
+  // fill: LibTorch reads back only the extra files it is asked for.
+  static torch::jit::ExtraFilesMap extra_file_names(const std::string& path) {
+    torch::jit::ExtraFilesMap names;
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    const std::string marker = "extra/";
+    for (const auto& record : reader.getAllRecords()) {
+      if (record.rfind(marker, 0) == 0 && record.size() > marker.size())
+        names.emplace(record.substr(marker.size()), "");
+    }
+    return names;
+  }
+
   std::string path_;
   torch::jit::Module module_;
+  torch::jit::ExtraFilesMap extra_files_;
 };
 
 }  // namespace

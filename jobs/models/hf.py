@@ -1,0 +1,474 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers models in and out of autoaccum (docs/models.md, "From Hugging Face").
+
+    jobs/models/hf.py export --from FOLDER --out MODEL.pt [--task causal-lm|sequence-classification]
+                             [--inputs tokens|tokens,lengths]
+    jobs/models/hf.py import --model-file TRAINED.pt --out FOLDER
+    jobs/models/hf.py import --checkpoint CK.h5 --model-file MODEL.pt --out FOLDER
+    jobs/models/hf.py tiny --arch gpt2|llama|bert --out FOLDER      (random weights, for trying out)
+
+export: FOLDER is what `save_pretrained` wrote (config.json and, for fine-tuning, the weights;
+without weights the model starts from random ones, seeded by --seed). The TorchScript file
+returns the logits ([rows, T, vocab] for a causal language model, [rows, labels] for sequence
+classification) and its dropout follows autoaccum's mode: the model is traced twice, once in
+train mode and once in eval mode, as two methods of one module (one set of parameters), and a
+scripted forward picks by `self.training`. Parameters keep their transformers names under the
+prefix "model.". The configuration travels inside the file, so `import` needs nothing else.
+Nothing is downloaded: FOLDER must be on disk.
+
+import: writes FOLDER with `save_pretrained` (config.json and model.safetensors), tied weights
+tied, then loads it back with `from_pretrained` and checks every tensor. From a checkpoint it
+runs `autoaccum export` first (which verifies the checkpoint's checksums).
+
+transformers comes from the cached environment jobs/models/hf-env.sh installs (pinned); this
+script re-runs itself there when the Python that started it has no transformers.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+TRANSFORMERS = "4.35.2"
+EXTRA = "autoaccum_hf.json"  # the extra file in the TorchScript archive
+PREFIX = "model."
+TASKS = ("causal-lm", "sequence-classification")
+
+
+class Refused(Exception):
+    """A one-line error for the user (no traceback)."""
+
+
+def die(message):
+    print(f"hf.py: error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def cached_env():
+    if os.geteuid() == 0:
+        cache = os.environ.get("AUTOACCUM_CACHE", "/var/cache/autoaccum")
+    else:
+        cache = os.environ.get("AUTOACCUM_CACHE", os.path.expanduser("~/.cache/autoaccum"))
+    return os.path.join(cache, f"hf-transformers-{TRANSFORMERS}", "bin", "python")
+
+
+def need_transformers():
+    """Imports transformers, or re-runs this script under the cached environment that has it."""
+    try:
+        import transformers  # noqa: F401
+        return
+    except ImportError:
+        pass
+    python = cached_env()
+    venv = os.path.dirname(os.path.dirname(python))
+    if os.path.exists(python) and os.path.abspath(sys.prefix) != os.path.abspath(venv):
+        os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
+    here = os.path.dirname(os.path.abspath(__file__))
+    die(f"transformers is not installed for {sys.executable}: run {here}/hf-env.sh "
+        f"(installs transformers {TRANSFORMERS} into {venv})")
+
+
+def quiet():
+    """transformers' and the tracer's warnings are about generation and shape-specialised Python
+    branches; export checks the graph itself (below), so they are noise here."""
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import transformers
+    transformers.logging.set_verbosity_error()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a model folder
+
+
+def task_of(config, asked):
+    if asked:
+        return asked
+    for arch in config.architectures or []:
+        if arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
+            return "causal-lm"
+        if arch.endswith("ForSequenceClassification"):
+            return "sequence-classification"
+    raise Refused(f"config.json names no architecture autoaccum knows "
+                  f"({config.architectures or 'none'}): give --task causal-lm or "
+                  f"--task sequence-classification")
+
+
+def auto_class(task):
+    import transformers
+    return (transformers.AutoModelForCausalLM if task == "causal-lm"
+            else transformers.AutoModelForSequenceClassification)
+
+
+def has_weights(folder):
+    names = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+             "pytorch_model.bin.index.json")
+    return any(os.path.exists(os.path.join(folder, n)) for n in names)
+
+
+def load_folder(folder, asked_task, seed):
+    import torch
+    import transformers
+    if not os.path.isdir(folder) or not os.path.exists(os.path.join(folder, "config.json")):
+        raise Refused(f"--from '{folder}': not a folder with config.json (a model on the Hub "
+                      f"must be downloaded first, on a machine with network: huggingface-cli "
+                      f"download NAME --local-dir FOLDER)")
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    task = task_of(config, asked_task)
+    cls = auto_class(task)
+    torch.manual_seed(seed)
+    try:
+        if has_weights(folder):
+            model = cls.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
+            origin = "pretrained weights"
+        else:
+            model = cls.from_config(config, torch_dtype=torch.float32)
+            origin = f"random weights (no weights in the folder; seed {seed})"
+    except ValueError as e:
+        raise Refused(f"--from '{folder}': transformers cannot build a {task} model from it: "
+                      f"{str(e).splitlines()[0]}")
+    return model.float(), task, origin
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+def check_supported(model, task, inputs):
+    name = type(model).__name__
+    if task == "sequence-classification" and inputs != "tokens,lengths":
+        raise Refused(f"{name}: sequence classification needs the padding mask: export with "
+                      f"--inputs tokens,lengths and train with --inputs tokens,lengths")
+    if task == "sequence-classification" and hasattr(model, "score"):
+        raise Refused(f"{name}: a decoder's sequence classification pools the token before the "
+                      f"first pad_token_id, and autoaccum pads with 0: not supported; export the "
+                      f"causal language model, or an encoder (BERT-like) for classification")
+
+
+def build_wrapper(model, task, inputs):
+    import torch
+
+    class Graphs(torch.nn.Module):
+        """Two methods traced over one model: train_logits (dropout on) and eval_logits."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def logits(self, tokens, lengths=None):
+            if lengths is None:
+                return self.model(input_ids=tokens, return_dict=False)[0]
+            positions = torch.arange(tokens.size(1), device=tokens.device).view(1, -1)
+            mask = (positions < lengths.view(-1, 1)).to(torch.long)
+            return self.model(input_ids=tokens, attention_mask=mask, return_dict=False)[0]
+
+        def in_mode(self, training, args):
+            was = self.model.training
+            self.model.train(training)
+            try:
+                return self.logits(*args)
+            finally:
+                self.model.train(was)
+
+        def train_logits(self, *args):
+            return self.in_mode(True, args)
+
+        def eval_logits(self, *args):
+            return self.in_mode(False, args)
+
+    return Graphs(model)
+
+
+def example(rows, length, vocab, with_lengths, generator):
+    import torch
+    tokens = torch.randint(0, vocab, (rows, length), generator=generator)
+    if not with_lengths:
+        return (tokens,)
+    lengths = torch.randint(1, length + 1, (rows,), generator=generator)
+    lengths[0] = length
+    return (tokens, lengths)
+
+
+def eager(model, args):
+    import torch
+    with torch.no_grad():
+        model.eval()
+        if len(args) == 1:
+            return model(input_ids=args[0], return_dict=False)[0]
+        positions = torch.arange(args[0].size(1)).view(1, -1)
+        mask = (positions < args[1].view(-1, 1)).to(torch.long)
+        return model(input_ids=args[0], attention_mask=mask, return_dict=False)[0]
+
+
+def longest_position(config):
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(config, key, None):
+            return int(getattr(config, key))
+    return 1 << 16
+
+
+def export(a):
+    import torch
+    import transformers
+    started = time.time()
+    model, task, origin = load_folder(a.from_folder, a.task, a.seed)
+    inputs = a.inputs or ("tokens,lengths" if task == "sequence-classification" else "tokens")
+    if inputs not in ("tokens", "tokens,lengths"):
+        raise Refused(f"--inputs '{inputs}': must be tokens or tokens,lengths")
+    check_supported(model, task, inputs)
+    config = model.config
+    use_cache = getattr(config, "use_cache", None)
+    if use_cache is not None:
+        config.use_cache = False  # no key/value cache in the graph: autoaccum trains, not generates
+    with_lengths = inputs == "tokens,lengths"
+    vocab = int(config.vocab_size)
+    longest = longest_position(config)
+    trace_length = min(a.trace_length, longest)
+    generator = torch.Generator().manual_seed(a.seed)
+    traced_args = example(2, trace_length, vocab, with_lengths, generator)
+    graphs = build_wrapper(model, task, inputs)
+    graphs.eval()
+    try:
+        module = torch.jit.trace_module(
+            graphs, {"train_logits": traced_args, "eval_logits": traced_args}, check_trace=False)
+    except Exception as e:  # a forward TorchScript's tracer cannot follow
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Refused(f"{type(model).__name__}: torch.jit.trace cannot record its forward: {first}")
+    names = ", ".join(f"a{i}" for i in range(len(traced_args)))
+    module.define(f"def forward(self, {names}):\n"
+                  f"    if self.training:\n"
+                  f"        return self.train_logits({names})\n"
+                  f"    return self.eval_logits({names})\n")
+
+    # The graph must hold for every micro-batch autoaccum will cut, not only the traced shape:
+    # compare with eager transformers at other rows and lengths (a forward that branches on its
+    # input's values or length would differ here).
+    worst = 0.0
+    for rows, length in ((3, min(trace_length + 7, longest)), (1, min(3, longest))):
+        args = example(rows, length, vocab, with_lengths, generator)
+        want = eager(model, args)
+        module.eval()
+        with torch.no_grad():
+            got = module(*args)
+        if got.shape != want.shape:
+            raise Refused(f"{type(model).__name__}: the traced graph gives shape "
+                          f"{list(got.shape)} at [{rows}, {length}] where transformers gives "
+                          f"{list(want.shape)}: its forward depends on the traced shape")
+        diff = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+        worst = max(worst, diff)
+        if not diff <= 1e-4:
+            raise Refused(f"{type(model).__name__}: the traced graph differs from transformers "
+                          f"by {diff:.2g} at [{rows}, {length}] (traced at [2, {trace_length}]): "
+                          f"its forward branches on its input's values or length")
+    if use_cache is not None:
+        config.use_cache = use_cache
+    module.train(True)
+    meta = {
+        "task": task,
+        "inputs": inputs,
+        "prefix": PREFIX,
+        "class": type(model).__name__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "config": config.to_dict(),
+    }
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    fd, tmp = tempfile.mkstemp(prefix=".hf-export-", suffix=".pt", dir=out_dir)
+    os.close(fd)
+    try:
+        torch.jit.save(module, tmp, _extra_files={EXTRA: json.dumps(meta)})
+        os.replace(tmp, a.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    unique = {p.data_ptr(): p.numel() for p in model.parameters()}
+    outputs = "[rows, T, vocab]" if task == "causal-lm" else "[rows, labels]"
+    print(f"wrote {a.out}: {type(model).__name__} ({task}) from {a.from_folder}, {origin}; "
+          f"{sum(unique.values())} parameters under '{PREFIX}'; forward({inputs}) -> logits "
+          f"{outputs}; dropout follows train/eval; traced at [2, {trace_length}], equal to "
+          f"transformers at other shapes to {worst:.1g}; {time.time() - started:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Import
+
+
+def read_meta(path):
+    import torch
+    if not os.path.exists(path):
+        raise Refused(f"--model-file '{path}': no such file")
+    extra = {EXTRA: ""}
+    try:
+        module = torch.jit.load(path, map_location="cpu", _extra_files=extra)
+    except Exception as e:
+        raise Refused(f"--model-file '{path}': not a TorchScript file "
+                      f"({str(e).strip().splitlines()[0]})")
+    if not extra[EXTRA]:
+        raise Refused(f"--model-file '{path}': not written by hf.py export (no {EXTRA} inside)")
+    return module, json.loads(extra[EXTRA])
+
+
+def run_autoaccum_export(a):
+    """A checkpoint goes through `autoaccum export`, the reader that verifies its checksums."""
+    binary = a.autoaccum or shutil.which("autoaccum") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "autoaccum")
+    if not os.path.exists(binary):
+        raise Refused("--checkpoint needs the autoaccum binary: give --autoaccum PATH")
+    tmp = tempfile.mkdtemp(prefix="hf-import-")
+    out = os.path.join(tmp, "trained.pt")
+    done = subprocess.run([binary, "export", "--checkpoint", a.checkpoint, "--model-file",
+                           a.model_file, "--out", out], capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(tmp)
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise Refused(lines[-1] if lines else f"autoaccum export exited {done.returncode}")
+    return out, tmp
+
+
+def import_(a):
+    import torch
+    import transformers
+    started = time.time()
+    cleanup = None
+    source = a.model_file
+    if a.checkpoint:
+        read_meta(a.model_file)  # refuse a file not from hf.py before running anything
+        source, cleanup = run_autoaccum_export(a)
+    try:
+        module, meta = read_meta(source)
+        config_dict = dict(meta["config"])
+        model_type = config_dict.get("model_type")
+        if model_type not in transformers.CONFIG_MAPPING:
+            raise Refused(f"--model-file '{a.model_file}': model type '{model_type}' is not "
+                          f"known to transformers {transformers.__version__}")
+        config = transformers.CONFIG_MAPPING[model_type].from_dict(config_dict)
+        model = auto_class(meta["task"]).from_config(config, torch_dtype=torch.float32)
+        prefix = meta.get("prefix", PREFIX)
+        tensors = {}
+        for name, t in module.state_dict().items():  # tied weights under each of their names
+            if name.startswith(prefix):
+                tensors[name[len(prefix):]] = t.detach()
+        state = model.state_dict()
+        missing = [k for k in state if k not in tensors]
+        if missing:
+            raise Refused(f"--model-file '{source}': no tensor for {prefix}{missing[0]} "
+                          f"({len(missing)} missing): not the model its configuration describes")
+        with torch.no_grad():
+            for k, v in state.items():
+                if tensors[k].shape != v.shape:
+                    raise Refused(f"--model-file '{source}': {prefix}{k} is "
+                                  f"{list(tensors[k].shape)}, the configuration makes it "
+                                  f"{list(v.shape)}")
+                v.copy_(tensors[k])
+        if getattr(config, "tie_word_embeddings", False):
+            model.tie_weights()
+        if os.path.isdir(a.out) and os.listdir(a.out) or os.path.isfile(a.out):
+            raise Refused(f"--out '{a.out}': exists and is not empty; nothing was written")
+        parent = os.path.dirname(os.path.abspath(a.out))
+        tmp = tempfile.mkdtemp(prefix=".hf-import-", dir=parent)
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            # Read back as a user will, and compare every tensor.
+            back = auto_class(meta["task"]).from_pretrained(tmp, local_files_only=True)
+            reread = back.state_dict()
+            for k, v in model.state_dict().items():
+                if k not in reread or not torch.equal(reread[k], v):
+                    raise Refused(f"from_pretrained('{a.out}') does not give back {k}")
+            if os.path.isdir(a.out):
+                os.rmdir(a.out)
+            os.replace(tmp, a.out)
+        finally:
+            if os.path.exists(tmp):
+                shutil.rmtree(tmp)
+    finally:
+        if cleanup:
+            shutil.rmtree(cleanup)
+    print(f"wrote {a.out}: {meta['class']} ({meta['task']}), {len(state)} tensors from "
+          f"{a.checkpoint or a.model_file}; from_pretrained gives them back; "
+          f"{time.time() - started:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny models (random weights, nothing downloaded)
+
+
+def tiny(a):
+    import torch
+    import transformers
+    d = a.dropout
+    if a.arch == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=a.vocab, n_positions=a.context, n_embd=a.width, n_layer=a.layers,
+            n_head=a.heads, resid_pdrop=d, embd_pdrop=d, attn_pdrop=d, bos_token_id=a.vocab - 1,
+            eos_token_id=a.vocab - 1, architectures=["GPT2LMHeadModel"])
+    elif a.arch == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=a.vocab, max_position_embeddings=a.context, hidden_size=a.width,
+            intermediate_size=2 * a.width, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+            num_key_value_heads=max(1, a.heads // 2), bos_token_id=1, eos_token_id=2,
+            architectures=["LlamaForCausalLM"])
+    else:
+        config = transformers.BertConfig(
+            vocab_size=a.vocab, max_position_embeddings=a.context, hidden_size=a.width,
+            intermediate_size=4 * a.width, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+            hidden_dropout_prob=d, attention_probs_dropout_prob=d, num_labels=a.labels,
+            pad_token_id=0, architectures=["BertForSequenceClassification"])
+    torch.manual_seed(a.seed)
+    task = "sequence-classification" if a.arch == "bert" else "causal-lm"
+    model = auto_class(task).from_config(config)
+    if os.path.isdir(a.out) and os.listdir(a.out) or os.path.isfile(a.out):
+        raise Refused(f"--out '{a.out}': exists and is not empty")
+    model.save_pretrained(a.out, safe_serialization=True)
+    n = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
+    print(f"wrote {a.out}: {type(model).__name__}, {a.layers} layers, width {a.width}, "
+          f"vocabulary {a.vocab}, {n} parameters (random, seed {a.seed})")
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="Hugging Face transformers models in and out of autoaccum",
+        epilog="docs/models.md, 'From Hugging Face'")
+    sub = parser.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("export", help="a save_pretrained folder -> a TorchScript file to train")
+    e.add_argument("--from", dest="from_folder", required=True, metavar="FOLDER")
+    e.add_argument("--out", required=True)
+    e.add_argument("--task", choices=TASKS)
+    e.add_argument("--inputs", help="tokens (default for causal-lm) or tokens,lengths "
+                   "(a padding mask built inside; needed for sequence classification)")
+    e.add_argument("--trace-length", type=int, default=16)
+    e.add_argument("--seed", type=int, default=0, help="random weights when the folder has none")
+    i = sub.add_parser("import", help="a trained TorchScript file (or checkpoint) -> a folder "
+                       "that from_pretrained loads")
+    i.add_argument("--model-file", required=True,
+                   help="written by hf.py export (with --checkpoint), or by autoaccum export")
+    i.add_argument("--checkpoint", help="an autoaccum checkpoint of that model")
+    i.add_argument("--autoaccum", help="the autoaccum binary (default: on PATH, else build/)")
+    i.add_argument("--out", required=True)
+    t = sub.add_parser("tiny", help="a small model folder with random weights")
+    t.add_argument("--arch", choices=("gpt2", "llama", "bert"), required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--vocab", type=int, default=256)
+    t.add_argument("--context", type=int, default=256)
+    t.add_argument("--width", type=int, default=64)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--labels", type=int, default=2)
+    t.add_argument("--dropout", type=float, default=0.1)
+    t.add_argument("--seed", type=int, default=0)
+    a = parser.parse_args()
+    need_transformers()
+    quiet()
+    try:
+        {"export": export, "import": import_, "tiny": tiny}[a.command](a)
+    except Refused as r:
+        die(str(r))
+
+
+if __name__ == "__main__":
+    main()
