@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./jobs/setup.sh
+./jobs/models/hf-env.sh >/dev/null  # transformers for e2e.hf (pinned, cached)
 jobs="$(nproc 2>/dev/null || echo 2)"
 cmake --preset default
 cmake --build --preset default -j "$jobs"

@@ -31,7 +31,10 @@ cuda_expected=13.0
 # The Python side of the tests (models scripted, PyTorch references, run logs read back) uses
 # the same PyTorch as the LibTorch under test: an autocast reference from another version (the
 # system's 1.13) differs from 2.11's bf16 by 5e-4 to 4e-3, far beyond the checks' 5e-5.
-requirements=("torch==$version" "torchvision==0.26.0" "numpy==2.4.6" "h5py==3.16.0")
+# transformers (e2e.hf, jobs/models/hf.py) at a current release with its main dependencies pinned;
+# Debian 12 takes 4.35.2, the last for its PyTorch 1.13 (jobs/models/hf-env.sh).
+requirements=("torch==$version" "torchvision==0.26.0" "numpy==2.4.6" "h5py==3.16.0"
+  "transformers==5.25.0" "tokenizers==0.23.3" "safetensors==0.8.0" "huggingface_hub==2.4.0")
 if [[ $(id -u) -eq 0 ]]; then
   cache=${AUTOACCUM_CACHE:-/var/cache/autoaccum}
 else
@@ -43,7 +46,7 @@ say() { echo "cuda-torch: $*"; }
 
 install() {
   if [[ "$(cat "$venv/.complete" 2>/dev/null)" == "${requirements[*]}" ]] &&
-    "$venv/bin/python" -c 'import torch, torchvision, h5py' 2>/dev/null; then
+    "$venv/bin/python" -c 'import torch, torchvision, h5py, transformers' 2>/dev/null; then
     return
   fi
   say "installing ${requirements[*]} (torch's CUDA build) into $venv"
@@ -82,6 +85,7 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DAUTOACCUM_WARNINGS_AS_ERRORS=ON \
   "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake;$torch_dir" \
   -DAUTOACCUM_WITH_CUDA=ON -DAUTOACCUM_WITH_NCCL=ON -DAUTOACCUM_PYTHON="$venv/bin/python" \
+  -DAUTOACCUM_HF_PYTHON="$venv/bin/python" \
   -DCUDAToolkit_ROOT=/usr/local/cuda -DCUDA_cudart_LIBRARY="$cudart" \
   -DNCCL_INCLUDE_DIR="$nccl/include" -DNCCL_LIBRARY="$nccl/lib/libnccl.so.2" >"$build.configure.log" 2>&1 ||
   { tail -30 "$build.configure.log"; say "configure failed" >&2; exit 1; }
@@ -103,10 +107,11 @@ fi
 [[ ${1:-} == --build ]] && exit 0
 
 # Every module's unit and MPI tests; end to end, what goes through LibTorch's API: scripted
-# models, precision, token losses, documents (memory predictions run on Debian 12). Open MPI's
+# models, precision, token losses, documents, transformers models exported by the current
+# transformers (memory predictions run on Debian 12). Open MPI's
 # and HDF5's side runs on the two Debian platforms (jobs/ci/debian13.sh says which part on
 # which), for CI's time.
-E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model|shard"
+E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model|shard|hf"
 args=("$@")
 ((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.)")
 ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"

@@ -79,8 +79,10 @@ def quiet():
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     import transformers
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------------

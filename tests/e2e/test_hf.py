@@ -1,0 +1,284 @@
+"""Hugging Face transformers models through autoaccum and back (jobs/models/hf.py,
+docs/models.md "From Hugging Face"). Runs under the Python of jobs/models/hf-env.sh (transformers
+4.35.2 pinned, beside Debian's PyTorch), or the CUDA platform's environment.
+
+Tiny configurations with random weights (nothing downloaded): GPT-2 (learned positions, tied
+embedding and head), Llama (rotary positions, RMSNorm, SwiGLU, grouped-query attention) and BERT
+for sequence classification (the padding mask built from --inputs tokens,lengths). Each model is
+exported to TorchScript by hf.py and trained by autoaccum on document data at world 2 with an
+automatic token budget under a memory limit that cuts each rank's share into several
+micro-batches. The reference is the transformers model itself, eager, loaded with
+from_pretrained from the same folder: one document at a time with no padding, the loss summed
+over the batch's counted tokens (or documents) and divided by the count, one SGD step. EXACT is
+1e-5 of the update (fp32 sums in another order); padding counted or a micro-batch lost lies 1e-2
+or more away."""
+import os
+import subprocess
+import sys
+import unittest
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+try:
+    import transformers
+except ImportError:  # not skipped: CI must run these
+    raise SystemExit(f"e2e.hf needs transformers: {sys.executable} has none; run "
+                     f"jobs/models/hf-env.sh (tests/run.sh does) and configure again")
+
+import user_models as um
+from harness import TempDirTest, autoaccum
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HF = os.path.join(HERE, "..", "..", "jobs", "models", "hf.py")
+VOCAB = 64
+EXACT = 1e-5
+BATCH = 16
+LR = 0.1
+
+
+def hf(*args, expect=0):
+    r = subprocess.run([sys.executable, HF, *map(str, args)], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != expect:
+        raise AssertionError(f"hf.py {' '.join(map(str, args))} exited {r.returncode}, "
+                             f"expected {expect}:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def documents(count, seed, shortest=2, longest=40):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(shortest, longest + 1, count)
+    lengths[1] = longest
+    return [rng.integers(0, VOCAB, n).astype(np.int64) for n in lengths]
+
+
+def write_documents(path, docs, labels=None):
+    with h5py.File(path, "w") as f:
+        f["tokens"] = np.concatenate(docs).astype(np.int32)
+        f["offsets"] = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        if labels is not None:
+            f["label"] = np.asarray(labels, dtype=np.int64)
+        f.attrs["num_classes"] = 3 if labels is not None else VOCAB
+    return path
+
+
+def load(folder, task):
+    cls = (transformers.AutoModelForCausalLM if task == "causal-lm"
+           else transformers.AutoModelForSequenceClassification)
+    return cls.from_pretrained(folder, local_files_only=True)
+
+
+def document_loss(model, doc, label=None):
+    """(summed loss, count) of one document, unpadded, as autoaccum counts it."""
+    ids = torch.from_numpy(doc).view(1, -1)
+    if label is None:
+        logits = model(input_ids=ids, return_dict=False)[0][0]
+        return F.cross_entropy(logits[:-1], ids[0, 1:], reduction="sum"), len(doc) - 1
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=False)[0]
+    return F.cross_entropy(logits, torch.tensor([label]), reduction="sum"), 1
+
+
+def reference(folder, task, docs, steps, labels=None):
+    """transformers' own model, eager, train mode, SGD on each batch's mean over counted items."""
+    model = load(folder, task)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        opt.zero_grad()
+        total, count = 0.0, 0
+        for i in range(step * BATCH, (step + 1) * BATCH):
+            loss, n = document_loss(model, docs[i], None if labels is None else labels[i])
+            total, count = total + loss, count + n
+        (total / count).backward()
+        opt.step()
+    return model
+
+
+def update_distance(checkpoint, model, initial):
+    """||autoaccum - reference|| / ||reference - initial|| over all parameters; checkpoint names
+    are transformers' under the export's prefix 'model.'."""
+    params = um.checkpoint_tensors(checkpoint)[0]
+    diff = moved = 0.0
+    for name, p in model.named_parameters():
+        ref = p.detach().numpy()
+        mine = params["model." + name].reshape(ref.shape)
+        diff += float(np.sum((mine - ref) ** 2))
+        moved += float(np.sum((ref - initial[name]) ** 2))
+    return (diff / moved) ** 0.5
+
+
+class HuggingFace(TempDirTest):
+    prefix = "autoaccum-hf-"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.docs = documents(6 * BATCH, seed=5)
+        cls.data = write_documents(cls.path("docs.h5"), cls.docs)
+        rng = np.random.default_rng(9)
+        cls.labels = rng.integers(0, 3, len(cls.docs))
+        cls.labelled = write_documents(cls.path("labelled.h5"), cls.docs, cls.labels)
+        cls.val_docs = documents(24, seed=6)
+        cls.val = write_documents(cls.path("val.h5"), cls.val_docs)
+        cls.val_labels = np.random.default_rng(10).integers(0, 3, len(cls.val_docs))
+        cls.val_labelled = write_documents(cls.path("val-labelled.h5"), cls.val_docs,
+                                           cls.val_labels)
+        cls.models = {}
+
+    @classmethod
+    def model(cls, arch, dropout):
+        """(folder, exported file) of a tiny model, made on first use (each ctest test is a
+        process of its own: it makes only the models it trains)."""
+        if (arch, dropout) not in cls.models:
+            folder = cls.path(f"{arch}-{dropout}")
+            hf("tiny", "--arch", arch, "--out", folder, "--dropout", dropout, "--labels", 3,
+               "--seed", 1, "--vocab", VOCAB, "--context", 64, "--width", 32, "--layers", 2,
+               "--heads", 4)
+            exported = folder + ".pt"
+            hf("export", "--from", folder, "--out", exported)
+            cls.models[(arch, dropout)] = (folder, exported)
+        return cls.models[(arch, dropout)]
+
+    def train(self, name, model, *args, data=None, steps=3, ranks=2, limit="2MiB", expect=0):
+        log, checkpoint = self.path(f"{name}.h5"), self.path(f"{name}.ckpt.h5")
+        r = autoaccum(ranks, "train", "--data", data or self.data, "--model-file", model,
+                      "--threads", 1, "--shuffle", "none", "--optimizer", "sgd", "--lr", LR,
+                      "--momentum", 0, "--global-batch", BATCH, "--steps", steps,
+                      "--memory-limit", limit, "--run-log", log, "--checkpoint", checkpoint,
+                      *args, timeout=180)
+        self.assertEqual(r.returncode, expect, r)
+        return r, log, checkpoint
+
+    def assert_micro_batched(self, log):
+        """The automatic budget cut some rank's share into more than one micro-batch."""
+        with h5py.File(log, "r") as f:
+            self.assertEqual(f.attrs["micro_batch_unit"], "tokens")
+            self.assertGreater(int(f["steps/accumulation_max"][:].max()), 1)
+
+    def check_update(self, arch, task, *args, labels=None, data=None):
+        folder, exported = self.model(arch, 0)
+        r, log, checkpoint = self.train(arch, exported, *args, data=data)
+        self.assertIn("micro-batch tokens auto", r.stdout)
+        self.assertNotIn("torch.jit.trace", r.stdout + r.stderr)  # the mode is a switch
+        self.assert_micro_batched(log)
+        initial = {n: p.detach().numpy().copy() for n, p in load(folder, task).named_parameters()}
+        ref = reference(folder, task, self.docs, 3, labels)
+        self.assertLess(update_distance(checkpoint, ref, initial), EXACT)
+
+    def test_gpt2_update_equals_transformers_per_document(self):
+        self.check_update("gpt2", "causal-lm")
+
+    def test_llama_update_equals_transformers_per_document(self):
+        self.check_update("llama", "causal-lm")
+
+    def test_bert_classifier_update_equals_transformers_per_document(self):
+        self.check_update("bert", "sequence-classification", "--inputs", "tokens,lengths",
+                          "--targets", "label", labels=self.labels, data=self.labelled)
+
+    def check_eval_with_dropout(self, arch, task, *args, data=None, val=None, labels=None):
+        """Evaluation with dropout 0.1 follows eval mode: autoaccum's validation loss equals
+        model.eval() of the imported folder on the same documents, and the exported file's
+        train mode does drop (two calls differ)."""
+        folder, exported = self.model(arch, 0.1)
+        m = torch.jit.load(exported)
+        ids = torch.from_numpy(self.val_docs[1]).view(1, -1)
+        extra = (torch.tensor([ids.size(1)]),) if labels is not None else ()
+        with torch.no_grad():
+            self.assertFalse(torch.equal(m(ids, *extra), m(ids, *extra)))
+            m.eval()
+            self.assertTrue(torch.equal(m(ids, *extra), m(ids, *extra)))
+        _, log, checkpoint = self.train(f"{arch}-eval", exported, "--val-data", val or self.val,
+                                        "--eval-every", 2, *args, data=data, steps=4)
+        with h5py.File(log, "r") as f:
+            evaluated = dict(zip(f["eval/step"][:], f["eval/loss"][:]))
+        out = self.path(f"{arch}-eval-imported")
+        hf("import", "--checkpoint", checkpoint, "--model-file", exported, "--out", out,
+           "--autoaccum", os.environ["AUTOACCUM_BIN"])
+        model = load(out, task)
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i, doc in enumerate(self.val_docs):
+                loss, n = document_loss(model, doc, None if labels is None else labels[i])
+                total, count = total + float(loss), count + n
+        self.assertAlmostEqual(evaluated[4], total / count, delta=1e-5 * total / count)
+
+    def test_gpt2_evaluation_with_dropout_equals_the_imported_model_in_eval_mode(self):
+        self.check_eval_with_dropout("gpt2", "causal-lm")
+
+    def test_bert_evaluation_with_dropout_equals_the_imported_model_in_eval_mode(self):
+        self.check_eval_with_dropout("bert", "sequence-classification", "--inputs",
+                                     "tokens,lengths", "--targets", "label",
+                                     data=self.labelled, val=self.val_labelled,
+                                     labels=self.val_labels)
+
+    def test_resume_with_dropout_is_bit_for_bit(self):
+        _, exported = self.model("gpt2", 0.1)
+        _, _, whole = self.train("whole", exported, steps=5)
+        self.train("halves", exported, steps=2)
+        _, _, halves = self.train("halves", exported, "--resume", steps=5)
+        a, b = um.checkpoint_tensors(whole)[0], um.checkpoint_tensors(halves)[0]
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertTrue(np.array_equal(a[name], b[name]), name)
+
+    def test_round_trip_gives_from_pretrained_the_trained_weights(self):
+        for arch in ("gpt2", "llama"):
+            folder, exported = self.model(arch, 0)
+            _, _, checkpoint = self.train(f"{arch}-trip", exported, steps=2)
+            out = self.path(f"{arch}-trip-imported")
+            r = hf("import", "--checkpoint", checkpoint, "--model-file", exported, "--out", out,
+                   "--autoaccum", os.environ["AUTOACCUM_BIN"])
+            self.assertIn("from_pretrained gives them back", r.stdout)
+            self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
+            trained = um.checkpoint_tensors(checkpoint)[0]
+            before = load(folder, "causal-lm").state_dict()
+            model = load(out, "causal-lm")
+            moved = 0
+            state = model.state_dict()  # tied weights under each name
+            self.assertTrue(set(n for n, _ in model.named_parameters()) <= set(state))
+            for name, p in state.items():
+                np.testing.assert_array_equal(p.numpy(), trained["model." + name].reshape(p.shape),
+                                              name)
+                moved += not torch.equal(p, before[name])
+            self.assertGreater(moved, 0)
+            if arch == "gpt2":  # tied in the folder as in transformers
+                self.assertEqual(model.lm_head.weight.data_ptr(),
+                                 model.transformer.wte.weight.data_ptr())
+
+    def test_what_does_not_export_is_one_line(self):
+        folder, _ = self.model("bert", 0)
+        cases = [
+            (("export", "--from", self.path("nowhere"), "--out", self.path("x.pt")),
+             "not a folder with config.json"),
+            (("export", "--from", folder, "--out", self.path("x.pt"), "--inputs", "tokens"),
+             "needs the padding mask"),
+            (("import", "--model-file", self.data, "--out", self.path("y")),
+             "not a TorchScript file"),
+        ]
+        decoder = self.path("gpt2-classifier")
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1,
+                                         n_head=4, architectures=["GPT2ForSequenceClassification"])
+        transformers.GPT2ForSequenceClassification(config).save_pretrained(decoder)
+        cases.append((("export", "--from", decoder, "--out", self.path("x.pt"), "--inputs",
+                       "tokens,lengths"), "pools the token before the first pad_token_id"))
+        for args, message in cases:
+            r = hf(*args, expect=1)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(message, r.stderr)
+        self.assertFalse(os.path.exists(self.path("x.pt")))
+        # An import never writes over a folder that exists.
+        _, exported = self.model("gpt2", 0)
+        occupied = self.path("occupied")
+        os.makedirs(occupied)
+        open(os.path.join(occupied, "keep"), "w").close()
+        r = hf("import", "--model-file", exported, "--out", occupied, expect=1)
+        self.assertIn("exists and is not empty", r.stderr)
+        self.assertEqual(os.listdir(occupied), ["keep"])
+
+
+if __name__ == "__main__":
+    unittest.main()
