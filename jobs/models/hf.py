@@ -5,6 +5,7 @@
                              [--inputs tokens|tokens,lengths]
     jobs/models/hf.py import --model-file TRAINED.pt --out FOLDER
     jobs/models/hf.py import --checkpoint CK.h5 --model-file MODEL.pt --out FOLDER
+    jobs/models/hf.py tokenize --from FOLDER --documents DOCS.h5 --out TOKENS.h5
     jobs/models/hf.py tiny --arch gpt2|llama|bert --out FOLDER      (random weights, for trying out)
 
 export: FOLDER is what `save_pretrained` wrote (config.json and, for fine-tuning, the weights;
@@ -19,6 +20,9 @@ Nothing is downloaded: FOLDER must be on disk.
 import: writes FOLDER with `save_pretrained` (config.json and model.safetensors), tied weights
 tied, then loads it back with `from_pretrained` and checks every tensor. From a checkpoint it
 runs `autoaccum export` first (which verifies the checkpoint's checksums).
+
+tokenize: re-tokenizes a document file of bytes (`autoaccum import text --documents ...`) with
+the folder's own tokenizer, one document at a time, into the same format (tokens, offsets).
 
 transformers comes from the cached environment jobs/models/hf-env.sh installs (pinned); this
 script re-runs itself there when the Python that started it has no transformers.
@@ -36,6 +40,10 @@ import warnings
 TRANSFORMERS = "4.35.2"
 EXTRA = "autoaccum_hf.json"  # the extra file in the TorchScript archive
 PREFIX = "model."
+TOKENIZER = "hf_tokenizer."  # extra files carrying the folder's tokenizer files
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model",
+                   "added_tokens.json")
 TASKS = ("causal-lm", "sequence-classification")
 
 
@@ -128,7 +136,7 @@ def load_folder(folder, asked_task, seed):
     try:
         if has_weights(folder):
             model = cls.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
-            origin = "pretrained weights"
+            origin = "the folder's weights"
         else:
             model = cls.from_config(config, torch_dtype=torch.float32)
             origin = f"random weights (no weights in the folder; seed {seed})"
@@ -271,7 +279,10 @@ def export(a):
     if use_cache is not None:
         config.use_cache = use_cache
     module.train(True)
+    tokenizer = {n: open(os.path.join(a.from_folder, n), "rb").read()
+                 for n in TOKENIZER_FILES if os.path.isfile(os.path.join(a.from_folder, n))}
     meta = {
+        "tokenizer_files": sorted(tokenizer),
         "task": task,
         "inputs": inputs,
         "prefix": PREFIX,
@@ -284,7 +295,9 @@ def export(a):
     fd, tmp = tempfile.mkstemp(prefix=".hf-export-", suffix=".pt", dir=out_dir)
     os.close(fd)
     try:
-        torch.jit.save(module, tmp, _extra_files={EXTRA: json.dumps(meta)})
+        extra = {TOKENIZER + n: data for n, data in tokenizer.items()}
+        extra[EXTRA] = json.dumps(meta)
+        torch.jit.save(module, tmp, _extra_files=extra)
         os.replace(tmp, a.out)
     finally:
         if os.path.exists(tmp):
@@ -293,7 +306,9 @@ def export(a):
     outputs = "[rows, T, vocab]" if task == "causal-lm" else "[rows, labels]"
     print(f"wrote {a.out}: {type(model).__name__} ({task}) from {a.from_folder}, {origin}; "
           f"{sum(unique.values())} parameters under '{PREFIX}'; forward({inputs}) -> logits "
-          f"{outputs}; dropout follows train/eval; traced at [2, {trace_length}], equal to "
+          f"{outputs}; dropout follows train/eval; "
+          + (f"tokenizer carried ({len(tokenizer)} files); " if tokenizer else "")
+          + f"traced at [2, {trace_length}], equal to "
           f"transformers at other shapes to {worst:.1g}; {time.time() - started:.1f} s")
 
 
@@ -313,7 +328,12 @@ def read_meta(path):
                       f"({str(e).strip().splitlines()[0]})")
     if not extra[EXTRA]:
         raise Refused(f"--model-file '{path}': not written by hf.py export (no {EXTRA} inside)")
-    return module, json.loads(extra[EXTRA])
+    meta = json.loads(extra[EXTRA])
+    files = {TOKENIZER + n: "" for n in meta.get("tokenizer_files", [])}
+    if files:
+        torch.jit.load(path, map_location="cpu", _extra_files=files)
+    meta["tokenizer"] = {n[len(TOKENIZER):]: data for n, data in files.items()}
+    return module, meta
 
 
 def run_autoaccum_export(a):
@@ -376,6 +396,9 @@ def import_(a):
         tmp = tempfile.mkdtemp(prefix=".hf-import-", dir=parent)
         try:
             model.save_pretrained(tmp, safe_serialization=True)
+            for name, data in meta["tokenizer"].items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data if isinstance(data, bytes) else data.encode())
             # Read back as a user will, and compare every tensor.
             back = auto_class(meta["task"]).from_pretrained(tmp, local_files_only=True)
             reread = back.state_dict()
@@ -391,9 +414,69 @@ def import_(a):
     finally:
         if cleanup:
             shutil.rmtree(cleanup)
-    print(f"wrote {a.out}: {meta['class']} ({meta['task']}), {len(state)} tensors from "
-          f"{a.checkpoint or a.model_file}; from_pretrained gives them back; "
+    tokenizer = " and its tokenizer" if meta["tokenizer"] else ""
+    print(f"wrote {a.out}: {meta['class']} ({meta['task']}){tokenizer}, {len(state)} tensors "
+          f"from {a.checkpoint or a.model_file}; from_pretrained gives them back; "
           f"{time.time() - started:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenize
+
+
+def tokenize(a):
+    import h5py
+    import numpy as np
+    import transformers
+    started = time.time()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(a.from_folder, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise Refused(f"--from '{a.from_folder}': no tokenizer transformers can load "
+                      f"({str(e).strip().splitlines()[0]})")
+    if not os.path.exists(a.documents):
+        raise Refused(f"--documents '{a.documents}': no such file")
+    try:
+        with h5py.File(a.documents, "r") as f:
+            tokens, offsets = f["tokens"][:], f["offsets"][:]
+    except (OSError, KeyError) as e:
+        raise Refused(f"--documents '{a.documents}': not document data (tokens and offsets): {e}")
+    if tokens.dtype != np.uint8:
+        raise Refused(f"--documents '{a.documents}': tokens are {tokens.dtype}, not bytes "
+                      f"(autoaccum import text --documents writes bytes)")
+    ids, lengths, dropped = [], [], 0
+    longest = a.max_length
+    for i in range(len(offsets) - 1):
+        text = tokens[offsets[i]:offsets[i + 1]].tobytes().decode("utf-8", errors="replace")
+        piece = tokenizer(text, add_special_tokens=not a.no_special_tokens)["input_ids"]
+        for begin in range(0, len(piece), longest or max(1, len(piece))):
+            chunk = piece[begin:begin + longest] if longest else piece
+            if not chunk:  # text the tokenizer makes nothing of
+                dropped += 1
+                continue
+            ids.extend(chunk)
+            lengths.append(len(chunk))
+    vocab = len(tokenizer)
+    dtype = np.uint16 if vocab <= 65536 else np.int32
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    fd, tmp = tempfile.mkstemp(prefix=".hf-tokens-", suffix=".h5", dir=out_dir)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f["tokens"] = np.asarray(ids, dtype=dtype)
+            f["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            f.attrs["num_classes"] = np.int64(vocab)
+            f.attrs["tokens"] = f"tokenizer of {os.path.abspath(a.from_folder)}"
+            f.attrs["source"] = os.path.abspath(a.documents)
+        os.replace(tmp, a.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    lengths = np.asarray(lengths)
+    print(f"wrote {a.out}: {len(lengths)} documents, {int(lengths.sum())} tokens of a vocabulary "
+          f"of {vocab}; length min {lengths.min()}, p50 {int(np.median(lengths))}, max "
+          f"{lengths.max()}" + (f"; {dropped} empty dropped" if dropped else "")
+          + f"; {time.time() - started:.1f} s")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,9 +510,34 @@ def tiny(a):
     if os.path.isdir(a.out) and os.listdir(a.out) or os.path.isfile(a.out):
         raise Refused(f"--out '{a.out}': exists and is not empty")
     model.save_pretrained(a.out, safe_serialization=True)
+    said = ""
+    if a.tokenizer_from:
+        said = "; " + train_tokenizer(a.tokenizer_from, a.vocab, a.out)
     n = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
     print(f"wrote {a.out}: {type(model).__name__}, {a.layers} layers, width {a.width}, "
-          f"vocabulary {a.vocab}, {n} parameters (random, seed {a.seed})")
+          f"vocabulary {a.vocab}, {n} parameters (random, seed {a.seed}){said}")
+
+
+def train_tokenizer(documents, vocab, folder):
+    """A byte-level BPE tokenizer of `vocab` ids learnt from a document file of bytes, saved in
+    the folder as transformers' fast tokenizer (what a pretrained folder brings)."""
+    import h5py
+    import tokenizers
+    import transformers
+    if vocab < 260:
+        raise Refused(f"--vocab {vocab}: a byte-level tokenizer needs at least 260 ids")
+    with h5py.File(documents, "r") as f:
+        tokens, offsets = f["tokens"][:], f["offsets"][:]
+    texts = (tokens[offsets[i]:offsets[i + 1]].tobytes().decode("utf-8", errors="replace")
+             for i in range(len(offsets) - 1))
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                            show_progress=False)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
+                                                eos_token="<|endoftext|>",
+                                                bos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+    return f"a byte-level BPE tokenizer of {len(fast)} ids learnt from {documents}"
 
 
 def main():
@@ -463,11 +571,23 @@ def main():
     t.add_argument("--labels", type=int, default=2)
     t.add_argument("--dropout", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--tokenizer-from", metavar="DOCS.h5",
+                   help="also learn a byte-level BPE tokenizer of --vocab ids from this document "
+                        "file of bytes")
+    k = sub.add_parser("tokenize", help="a document file of bytes -> the folder's tokens")
+    k.add_argument("--from", dest="from_folder", required=True, metavar="FOLDER")
+    k.add_argument("--documents", required=True, metavar="DOCS.h5",
+                   help="autoaccum import text --documents ... wrote it")
+    k.add_argument("--out", required=True)
+    k.add_argument("--max-length", type=int, default=0,
+                   help="split longer documents into pieces of this many tokens (0: keep)")
+    k.add_argument("--no-special-tokens", action="store_true",
+                   help="do not add the tokenizer's special tokens (a Llama tokenizer's BOS)")
     a = parser.parse_args()
     need_transformers()
     quiet()
     try:
-        {"export": export, "import": import_, "tiny": tiny}[a.command](a)
+        {"export": export, "import": import_, "tiny": tiny, "tokenize": tokenize}[a.command](a)
     except Refused as r:
         die(str(r))
 

@@ -249,6 +249,44 @@ class HuggingFace(TempDirTest):
                 self.assertEqual(model.lm_head.weight.data_ptr(),
                                  model.transformer.wte.weight.data_ptr())
 
+    def test_text_tokenized_by_the_folders_tokenizer_and_the_tokenizer_travels_back(self):
+        """tokenize re-tokenizes a byte document file with the folder's tokenizer (each
+        document decodes back to its text); the exported file carries the tokenizer, and the
+        imported folder has it, encoding as the original does."""
+        texts = ["Hello, world.\n", "A longer document about training, checkpoints and "
+                 "micro-batches.\n", "ok\n", "Zwei Wörter: ünïcode too.\n"] * 6
+        raw = [np.frombuffer(t.encode(), dtype=np.uint8) for t in texts]
+        corpus = self.path("bytes.h5")
+        with h5py.File(corpus, "w") as f:
+            f["tokens"] = np.concatenate(raw)
+            f["offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in raw])]).astype(
+                np.int64)
+        folder = self.path("gpt2-bpe")
+        hf("tiny", "--arch", "gpt2", "--out", folder, "--vocab", 300, "--context", 64,
+           "--width", 32, "--heads", 4, "--tokenizer-from", corpus, "--dropout", 0)
+        tokens = self.path("bpe-docs.h5")
+        r = hf("tokenize", "--from", folder, "--documents", corpus, "--out", tokens)
+        self.assertIn(f"{len(texts)} documents", r.stdout)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        with h5py.File(tokens, "r") as f:
+            ids, offsets = f["tokens"][:], f["offsets"][:]
+            self.assertEqual(int(f.attrs["num_classes"]), len(tokenizer))
+        self.assertEqual(len(offsets), len(texts) + 1)
+        for i, text in enumerate(texts):
+            self.assertEqual(tokenizer.decode(ids[offsets[i]:offsets[i + 1]].tolist()), text)
+        self.assertLess(len(ids), sum(len(r) for r in raw))  # merges learnt: fewer than bytes
+        exported = self.path("gpt2-bpe.pt")
+        self.assertIn("tokenizer carried", hf("export", "--from", folder, "--out",
+                                              exported).stdout)
+        _, _, checkpoint = self.train("bpe", exported, data=tokens, steps=1, limit="64MiB")
+        out = self.path("gpt2-bpe-imported")
+        r = hf("import", "--checkpoint", checkpoint, "--model-file", exported, "--out", out,
+               "--autoaccum", os.environ["AUTOACCUM_BIN"])
+        self.assertIn("and its tokenizer", r.stdout)
+        back = transformers.AutoTokenizer.from_pretrained(out)
+        for text in texts[:4]:
+            self.assertEqual(back(text)["input_ids"], tokenizer(text)["input_ids"])
+
     def test_what_does_not_export_is_one_line(self):
         folder, _ = self.model("bert", 0)
         cases = [
