@@ -161,7 +161,7 @@ def check_supported(model, task, inputs):
                       f"causal language model, or an encoder (BERT-like) for classification")
 
 
-def build_wrapper(model, task, inputs):
+def build_wrapper(model):
     import torch
 
     class Graphs(torch.nn.Module):
@@ -205,10 +205,10 @@ def example(rows, length, vocab, with_lengths, generator):
     return (tokens, lengths)
 
 
-def eager(model, args):
+def eager(model, args, training=False):
     import torch
     with torch.no_grad():
-        model.eval()
+        model.train(training)
         if len(args) == 1:
             return model(input_ids=args[0], return_dict=False)[0]
         positions = torch.arange(args[0].size(1)).view(1, -1)
@@ -221,6 +221,61 @@ def longest_position(config):
         if getattr(config, key, None):
             return int(getattr(config, key))
     return 1 << 16
+
+
+def trace_checked(model, with_lengths, trace_length, seed):
+    """The two graphs behind a scripted forward, checked against the eager model at shapes other
+    than the traced one, in both modes: (module, worst relative difference, traced length).
+    Train mode is compared with the same random stream on both sides (dropout draws the same
+    masks in the same order)."""
+    import torch
+    name = type(model).__name__
+    vocab = int(model.config.vocab_size)
+    longest = longest_position(model.config)
+    trace_length = min(trace_length, longest)
+    generator = torch.Generator().manual_seed(seed)
+    traced_args = example(2, trace_length, vocab, with_lengths, generator)
+    graphs = build_wrapper(model)
+    graphs.eval()
+    try:
+        module = torch.jit.trace_module(
+            graphs, {"train_logits": traced_args, "eval_logits": traced_args}, check_trace=False)
+    except Exception as e:  # a forward TorchScript's tracer cannot follow
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Refused(f"{name}: torch.jit.trace cannot record its forward: {first}")
+    names = ", ".join(f"a{i}" for i in range(len(traced_args)))
+    module.define(f"def forward(self, {names}):\n"
+                  f"    if self.training:\n"
+                  f"        return self.train_logits({names})\n"
+                  f"    return self.eval_logits({names})\n")
+
+    # The graph must hold for every micro-batch autoaccum will cut, not only the traced shape:
+    # compare with eager transformers at other rows and lengths (a forward that branches on its
+    # input's values or length would differ here).
+    worst = 0.0
+    for rows, length in ((3, min(trace_length + 7, longest)), (1, min(3, longest))):
+        args = example(rows, length, vocab, with_lengths, generator)
+        for training in (False, True):
+            torch.manual_seed(seed + length)
+            want = eager(model, args, training)
+            module.train(training)
+            torch.manual_seed(seed + length)
+            with torch.no_grad():
+                got = module(*args)
+            mode = "train" if training else "eval"
+            if got.shape != want.shape:
+                raise Refused(f"{name}: the traced graph gives shape {list(got.shape)} at "
+                              f"[{rows}, {length}] in {mode} mode where transformers gives "
+                              f"{list(want.shape)}: its forward depends on the traced shape")
+            diff = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+            worst = max(worst, diff)
+            if not diff <= 1e-4:
+                raise Refused(f"{name}: the traced graph differs from transformers by "
+                              f"{diff:.2g} at [{rows}, {length}] in {mode} mode (traced at "
+                              f"[2, {trace_length}]): its forward branches on its input's "
+                              f"values or length")
+    model.train(False)
+    return module, worst, trace_length
 
 
 def export(a):
@@ -236,48 +291,12 @@ def export(a):
     use_cache = getattr(config, "use_cache", None)
     if use_cache is not None:
         config.use_cache = False  # no key/value cache in the graph: autoaccum trains, not generates
-    with_lengths = inputs == "tokens,lengths"
-    vocab = int(config.vocab_size)
-    longest = longest_position(config)
-    trace_length = min(a.trace_length, longest)
-    generator = torch.Generator().manual_seed(a.seed)
-    traced_args = example(2, trace_length, vocab, with_lengths, generator)
-    graphs = build_wrapper(model, task, inputs)
-    graphs.eval()
     try:
-        module = torch.jit.trace_module(
-            graphs, {"train_logits": traced_args, "eval_logits": traced_args}, check_trace=False)
-    except Exception as e:  # a forward TorchScript's tracer cannot follow
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise Refused(f"{type(model).__name__}: torch.jit.trace cannot record its forward: {first}")
-    names = ", ".join(f"a{i}" for i in range(len(traced_args)))
-    module.define(f"def forward(self, {names}):\n"
-                  f"    if self.training:\n"
-                  f"        return self.train_logits({names})\n"
-                  f"    return self.eval_logits({names})\n")
-
-    # The graph must hold for every micro-batch autoaccum will cut, not only the traced shape:
-    # compare with eager transformers at other rows and lengths (a forward that branches on its
-    # input's values or length would differ here).
-    worst = 0.0
-    for rows, length in ((3, min(trace_length + 7, longest)), (1, min(3, longest))):
-        args = example(rows, length, vocab, with_lengths, generator)
-        want = eager(model, args)
-        module.eval()
-        with torch.no_grad():
-            got = module(*args)
-        if got.shape != want.shape:
-            raise Refused(f"{type(model).__name__}: the traced graph gives shape "
-                          f"{list(got.shape)} at [{rows}, {length}] where transformers gives "
-                          f"{list(want.shape)}: its forward depends on the traced shape")
-        diff = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
-        worst = max(worst, diff)
-        if not diff <= 1e-4:
-            raise Refused(f"{type(model).__name__}: the traced graph differs from transformers "
-                          f"by {diff:.2g} at [{rows}, {length}] (traced at [2, {trace_length}]): "
-                          f"its forward branches on its input's values or length")
-    if use_cache is not None:
-        config.use_cache = use_cache
+        module, worst, trace_length = trace_checked(model, inputs == "tokens,lengths",
+                                                    a.trace_length, a.seed)
+    finally:
+        if use_cache is not None:
+            config.use_cache = use_cache
     module.train(True)
     tokenizer = {n: open(os.path.join(a.from_folder, n), "rb").read()
                  for n in TOKENIZER_FILES if os.path.isfile(os.path.join(a.from_folder, n))}
@@ -308,8 +327,8 @@ def export(a):
           f"{sum(unique.values())} parameters under '{PREFIX}'; forward({inputs}) -> logits "
           f"{outputs}; dropout follows train/eval; "
           + (f"tokenizer carried ({len(tokenizer)} files); " if tokenizer else "")
-          + f"traced at [2, {trace_length}], equal to "
-          f"transformers at other shapes to {worst:.1g}; {time.time() - started:.1f} s")
+          + f"traced at [2, {trace_length}], equal to transformers at other shapes in both "
+          f"modes to {worst:.1g}; {time.time() - started:.1f} s")
 
 
 # ---------------------------------------------------------------------------------------------

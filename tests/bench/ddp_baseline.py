@@ -10,6 +10,10 @@ DistributedDataParallel over gloo with no_sync() on all but the last micro-batch
   text file read into memory; cross-entropy summed over tokens and divided by the global batch's
   token count, as autoaccum computes it.
 
+- `--documents text-docs-train.h5 --hf FOLDER`: the same loop with a transformers causal language
+  model (eager, from_pretrained; input ids and the collator's attention mask), for
+  `tests/bench/run.sh --only hf`.
+
 - `--model gpt --documents text-docs-train.h5 --micro-batch K`: the GPT on document data
   (tokens + offsets) as a Hugging Face-style loop does it: batch s is documents [sB, (s+1)B) in
   file order, each rank takes an equal half of them, and every K consecutive documents form a
@@ -56,9 +60,20 @@ def documents_worker(rank, args, results):
         tokens = torch.from_numpy(f["tokens"][:].astype("int64"))
         offsets = f["offsets"][:].tolist()
     docs = [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
-    model = gpt.GPT(256, args.context, args.width, args.layers, args.heads, 0.1)
+    if args.hf:
+        # The eager transformers model, called as a Hugging Face loop calls it: input ids and
+        # the collator's attention mask.
+        import transformers
+        transformers.logging.set_verbosity_error()
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.hf, local_files_only=True)
+        model.config.use_cache = False
+        forward = lambda x, mask: ddp(input_ids=x, attention_mask=mask, return_dict=False)[0]
+    else:
+        model = gpt.GPT(256, args.context, args.width, args.layers, args.heads, 0.1)
+        forward = lambda x, mask: ddp(x)
+    # Constant bool buffers (causal masks) cannot go through gloo: DDP leaves them alone.
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-        model, ["mask"])
+        model, [n for n, b in model.named_buffers() if not b.is_floating_point()])
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=0.003, weight_decay=0.01)
     per_rank = args.global_batch // args.ranks
@@ -75,12 +90,14 @@ def documents_worker(rank, args, results):
             width = max(len(d) for d in group)
             x = torch.zeros(len(group), width, dtype=torch.int64)
             y = torch.full((len(group), width), -100, dtype=torch.int64)
+            mask = torch.zeros(len(group), width, dtype=torch.int64)
             for j, d in enumerate(group):
                 x[j, :len(d)] = d
                 y[j, :len(d) - 1] = d[1:]
+                mask[j, :len(d)] = 1
             step_padded += len(group) * width
             with ddp.no_sync() if k + 1 < len(groups) else contextlib.nullcontext():
-                out = ddp(x)
+                out = forward(x, mask)
                 loss = torch.nn.functional.cross_entropy(
                     out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum") / counted
                 loss.backward()
@@ -171,6 +188,9 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--documents", help="--model gpt on document data (tokens + offsets)")
     parser.add_argument("--context", type=int, default=256, help="--documents: the GPT's context")
+    parser.add_argument("--hf", metavar="FOLDER",
+                        help="--documents: a transformers causal LM folder instead of the GPT "
+                             "(eager, input ids and attention mask; needs transformers)")
     parser.add_argument("--rank", type=int,
                         help="run this one rank in this process, of --ranks started elsewhere "
                              "(srun on several nodes; MASTER_ADDR names rank 0's host)")

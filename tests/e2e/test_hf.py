@@ -12,9 +12,11 @@ from_pretrained from the same folder: one document at a time with no padding, th
 over the batch's counted tokens (or documents) and divided by the count, one SGD step. EXACT is
 1e-5 of the update (fp32 sums in another order); padding counted or a micro-batch lost lies 1e-2
 or more away."""
+import importlib.util
 import os
 import subprocess
 import sys
+import types
 import unittest
 
 import h5py
@@ -286,6 +288,36 @@ class HuggingFace(TempDirTest):
         back = transformers.AutoTokenizer.from_pretrained(out)
         for text in texts[:4]:
             self.assertEqual(back(text)["input_ids"], tokenizer(text)["input_ids"])
+
+    def test_a_forward_that_branches_on_its_length_is_refused_after_tracing(self):
+        """The tracer freezes a Python branch on the input's length; export's check at other
+        shapes (eager against traced, both modes) catches it instead of training a graph that
+        is wrong for every longer micro-batch."""
+        spec = importlib.util.spec_from_file_location("hf", HF)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+        class Branchy(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = types.SimpleNamespace(vocab_size=VOCAB, n_positions=64)
+                self.tok = torch.nn.Embedding(VOCAB, 8)
+
+            def forward(self, input_ids, attention_mask=None, return_dict=False):
+                h = self.tok(input_ids)
+                if input_ids.size(1) > 16:  # traced at 16: never taken in the graph
+                    h = 2 * h
+                return (h,)
+
+        with self.assertRaises(module.Refused) as caught:
+            module.trace_checked(Branchy(), False, 16, 0)
+        self.assertIn("branches on its input's values or length", str(caught.exception))
+        self.assertIn("at [3, 23]", str(caught.exception))
+        # Without the branch the same model passes.
+        Branchy.forward = lambda self, input_ids, attention_mask=None, return_dict=False: (
+            self.tok(input_ids),)
+        _, worst, _ = module.trace_checked(Branchy(), False, 16, 0)
+        self.assertEqual(worst, 0.0)
 
     def test_what_does_not_export_is_one_line(self):
         folder, _ = self.model("bert", 0)
