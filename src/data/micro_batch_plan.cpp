@@ -178,6 +178,18 @@ std::vector<std::int64_t> token_balanced_offsets(const std::int64_t* lengths, st
   return offsets;
 }
 
+void widen_piece(const Batch& slab, MicroBatchPiece& piece, std::int64_t width,
+                 std::int64_t budget) {
+  const Documents* documents = slab.documents();
+  if (!documents || piece.width <= 0 || piece.width >= width) return;
+  const std::int64_t count = std::clamp<std::int64_t>(budget / width, 1, piece.count);
+  piece.documents.resize(static_cast<std::size_t>(count));
+  piece.count = count;
+  piece.width = width;
+  piece.tokens = 0;
+  for (const std::int64_t d : piece.documents) piece.tokens += documents->length(d);
+}
+
 Batch micro_batch(const Batch& slab, const MicroBatchPiece& piece) {
   const Documents* documents = slab.documents();
   if (!documents) return slab.slice(piece.first, piece.count);

@@ -274,5 +274,37 @@ TEST(MicroBatch, DocumentsArePaddedOnTheRightWithTheirNextTokens) {
   EXPECT_EQ(small.padded_tokens, 3 + 4);
 }
 
+TEST(WidenPiece, AProbePieceIsMeasuredAtTheDataWidthWithinItsBudget) {
+  auto documents = std::make_shared<Documents>();
+  documents->tokens = torch::arange(20, torch::kInt64);
+  documents->offsets = {0, 4, 8, 11, 14, 17, 20};  // lengths 4, 4, 3, 3, 3, 3
+  Batch slab;
+  slab.set_documents(documents);
+  const MicroBatchPlan plan = plan_micro_batches(slab, 16);
+  ASSERT_EQ(plan.pieces.size(), 2u);  // 2 x 4, then 4 x 3 (fewest pieces)
+  // Data 8 wide: the first piece keeps 16 / 8 = 2 of its documents, padded to 8.
+  MicroBatchPiece piece = plan.pieces.front();
+  widen_piece(slab, piece, 8, 16);
+  EXPECT_EQ(piece.width, 8);
+  EXPECT_EQ(piece.count, 2);
+  EXPECT_EQ(piece.size(), 16);
+  EXPECT_EQ(piece.tokens, 8);
+  const Batch micro = micro_batch(slab, piece);
+  EXPECT_EQ(micro[0].sizes(), (c10::IntArrayRef{2, 8}));
+  // A budget of one data-wide document keeps one; a piece as wide already is unchanged.
+  MicroBatchPiece second = plan.pieces[1];
+  widen_piece(slab, second, 8, 8);
+  EXPECT_EQ(second.count, 1);
+  EXPECT_EQ(second.width, 8);
+  MicroBatchPiece same = plan.pieces.front();
+  widen_piece(slab, same, 4, 16);
+  EXPECT_EQ(same.documents, plan.pieces.front().documents);
+  EXPECT_EQ(same.width, 4);
+  // Rows have no width to widen.
+  MicroBatchPiece rows = plan_rows(64, 16).pieces.front();
+  widen_piece(Batch{}, rows, 8, 16);
+  EXPECT_EQ(rows.count, 16);
+}
+
 }  // namespace
 }  // namespace autoaccum::data

@@ -61,6 +61,15 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
 // when the documents are too alike in length to tell (or the plan is rows, or empty).
 std::optional<std::size_t> narrow_piece(const MicroBatchPlan& plan, std::int64_t budget);
 
+// A probe's piece of documents measured at `width` (the data's longest document) instead of its
+// own: padded that wide, holding as many of its documents as `budget` padded tokens allow (at
+// least one). Attention's scores grow with the width, so a budget measured at the widest width
+// is one that fits at every narrower one; a probe measured at the first batch's narrower
+// documents predicts too much for a batch that holds the longest. Rows, or a piece as wide
+// already: unchanged.
+void widen_piece(const Batch& slab, MicroBatchPiece& piece, std::int64_t width,
+                 std::int64_t budget);
+
 // The plan for a slab read by SlabReader: rows, or its documents' lengths; `size` is rows or a
 // token budget (`cost`: documents only).
 MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost = {});

@@ -110,6 +110,9 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
       if (probe == ProbePiece::kNarrowPiece) keep = data::narrow_piece(cut, m);
       if (keep && *keep > 0) cut.pieces.front() = std::move(cut.pieces[*keep]);
       cut.pieces.resize(keep ? 1 : 0);
+      // Documents: the first piece measured at the data's longest width (the budget's floor).
+      if (probe == ProbePiece::kFirstPiece && !cut.pieces.empty())
+        data::widen_piece(slab, cut.pieces.front(), size_floor, m);
     }
     for (const data::MicroBatchPiece& piece : cut.pieces) {
       // A stop signal ends the attempt between micro-batches, so a long step cannot outlast a
