@@ -356,7 +356,8 @@ DOCS = {"context": 256, "width": 64, "layers": 2, "heads": 4}
 DOCS_BATCH, DOCS_STEPS, DOCS_LIMIT = 256, 16, 48 * 2**20
 
 
-def train_documents(work, data, model, budget, steps=DOCS_STEPS, limit=DOCS_LIMIT, extra=()):
+def train_documents(work, data, model, budget, steps=DOCS_STEPS, limit=DOCS_LIMIT, extra=(),
+                    batch=DOCS_BATCH):
     """One autoaccum run on document data; the run log's steps (None if it failed)."""
     path = os.path.join(work, f"docs-{time.monotonic_ns()}.h5")
     cmd = MPI + [BIN, "train", "--data", data, "--model-file", model, "--steps", steps,
@@ -364,7 +365,7 @@ def train_documents(work, data, model, budget, steps=DOCS_STEPS, limit=DOCS_LIMI
                  "--lr", 0.003, "--weight-decay", 0.01, "--memory-limit", limit,
                  "--run-log", path, *extra]
     if budget is not None:
-        cmd += ["--global-batch", DOCS_BATCH, "--micro-batch-tokens", budget]
+        cmd += ["--global-batch", batch, "--micro-batch-tokens", budget]
     r = run(cmd, check=False)
     if r.returncode != 0:
         return None
@@ -582,7 +583,7 @@ def bench_hf(work, reps, results):
     for rep in range(reps):
         ckpt = os.path.join(folder, f"ck{rep}.h5")
         auto = train_documents(work, data, model, "auto", steps=HF_STEPS, limit=HF_LIMIT,
-                               extra=["--global-batch", HF_BATCH, "--checkpoint", ckpt])
+                               extra=["--checkpoint", ckpt], batch=HF_BATCH)
         budget = auto["final"]
         a = token_rate(auto)
         k = max(1, budget // longest)
