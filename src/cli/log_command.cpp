@@ -282,6 +282,45 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     }
   }
 
+  // Documents cut by predicted time (schema 13, --micro-batch-cost auto): each rank's fitted cost,
+  // and the prediction it makes of a step's compute against the measured (step seconds less the
+  // all-reduce), medians over the steps, averaged over the ranks.
+  const auto cost_fixed = values(log, "memory_model", "cost_fixed");
+  const auto per_token = values(log, "memory_model", "seconds_per_token");
+  const std::string cut = log.attribute("micro_batch_cost");
+  if (!cut.empty()) out << "\nDocuments cut " << cut << "\n";
+  if (!cost_fixed.empty() && std::any_of(cost_fixed.begin(), cost_fixed.end(),
+                                         [](double f) { return f >= 0; })) {
+    double fixed_sum = 0, rate_sum = 0, fitted = 0;
+    for (std::size_t i = 0; i < cost_fixed.size() && i < per_token.size(); ++i) {
+      if (cost_fixed[i] < 0) continue;
+      out << "  rank " << integer(model_rank[i]) << ": " << number(cost_fixed[i], "%.1f")
+          << " padded tokens per micro-batch, " << number(per_token[i] * 1e6, "%.1f")
+          << " us per padded token\n";
+      fixed_sum += cost_fixed[i], rate_sum += per_token[i], fitted += 1;
+    }
+    const auto padded = values(log, "steps", "padded_tokens");
+    const auto pieces = values(log, "steps", "accumulation");
+    const auto reduce = values(log, "steps", "allreduce_seconds");
+    const auto took = values(log, "steps", "step_seconds");
+    const double world = std::max(1.0, std::atof(log.attribute("world_size").c_str()));
+    std::vector<double> predicted, measured;
+    for (std::size_t s = 0; s < padded.size() && s < pieces.size() && s < took.size(); ++s) {
+      predicted.push_back(rate_sum / fitted *
+                          (fixed_sum / fitted * pieces[s] + padded[s] / world));
+      measured.push_back(took[s] - (s < reduce.size() ? reduce[s] : 0.0));
+    }
+    if (!predicted.empty()) {
+      const auto median = [](std::vector<double> v) {
+        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+        return v[v.size() / 2];
+      };
+      out << "  a step's compute per rank, median: predicted " << number(median(predicted), "%.3f")
+          << " s, measured " << number(median(measured), "%.3f")
+          << " s (step less the all-reduce; the optimizer step is in the measured)\n";
+    }
+  }
+
   out << "\nOOM events: " << oom_step.size() << "\n";
   if (!oom_step.empty()) {
     out << "  step   rank  micro_batch  next\n";

@@ -52,6 +52,45 @@ std::vector<std::int64_t> parse_widths(const std::string& text) {
   return widths;
 }
 
+// --micro-batch-cost pieces|auto|fixed=F[,width=X]: F >= 0 padded tokens per micro-batch, X >= 0
+// per padded token per unit of width.
+train::TrainOptions::MicroBatchCost parse_micro_batch_cost(const std::string& text,
+                                                           train::TrainOptions& o) {
+  using Cost = train::TrainOptions::MicroBatchCost;
+  if (text == "pieces") return Cost::kPieces;
+  if (text == "auto") return Cost::kAuto;
+  const auto refuse = [&](const std::string& why) {
+    return UsageError("--micro-batch-cost: '" + text + "' " + why +
+                      " (pieces, auto, or fixed=F[,width=X] with F padded tokens per "
+                      "micro-batch and X per padded token per unit of width, both >= 0)");
+  };
+  bool fixed_seen = false;
+  for (const auto& item : split_list(text)) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw refuse("is not one of the forms");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    double number = 0;
+    try {
+      std::size_t used = 0;
+      number = std::stod(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      throw refuse("has '" + value + "', not a number");
+    }
+    if (!(number >= 0) || !std::isfinite(number)) throw refuse("has " + value + " below 0");
+    if (key == "fixed") {
+      o.cost_fixed = number;
+      fixed_seen = true;
+    } else if (key == "width") {
+      o.cost_width = number;
+    } else {
+      throw refuse("names '" + key + "'");
+    }
+  }
+  if (!fixed_seen) throw refuse("gives no fixed=F");
+  return Cost::kGiven;
+}
+
 train::TrainOptions to_options(const po::variables_map& vm) {
   train::TrainOptions o;
   o.data = split_paths(vm["data"].as<std::vector<std::string>>());
@@ -105,6 +144,7 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (token_cost != "flat" && token_cost != "memory")
     throw UsageError("--token-cost: '" + token_cost + "' is not one of flat, memory");
   o.token_cost_by_memory = token_cost == "memory";
+  o.micro_batch_cost = parse_micro_batch_cost(vm["micro-batch-cost"].as<std::string>(), o);
   if (vm.count("micro-batch-regrow")) {
     o.micro_batch_regrow = vm["micro-batch-regrow"].as<std::int64_t>();
     if (o.micro_batch_regrow < 0)
@@ -289,6 +329,13 @@ Command train_command() {
       "document data, automatic budget: flat counts every padded token alike; memory lets a "
       "micro-batch of shorter documents take more tokens, as many as fit in the memory the "
       "budget takes at the longest width (fewer micro-batches, more padding)");
+  add("micro-batch-cost",
+      po::value<std::string>()->default_value("pieces")->value_name("pieces|auto|fixed=F[,width=X]"),
+      "document data: how each rank's documents are cut under its budget. pieces: the fewest "
+      "micro-batches, then the least padding; auto: the least predicted time, a micro-batch's "
+      "fixed cost fitted from the memory probe's timings; fixed=F[,width=X]: the least predicted "
+      "time with F padded tokens' worth of time per micro-batch and X more per padded token per "
+      "unit of width (reproducible across fresh starts)");
   add("micro-batch-regrow", po::value<std::int64_t>()->value_name("N"),
       "after an out-of-memory lowered an automatic micro-batch, try the size before once more "
       "after N clean steps (a transient peak), at the cost of at most one more out-of-memory; "

@@ -25,7 +25,7 @@ MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size) {
 }
 
 MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
-                              WidthCost cost) {
+                              WidthCost cost, std::optional<PieceCost> time) {
   if (budget < 1) throw Error("plan_documents: budget " + std::to_string(budget));
   const double ratio = cost.ratio > 0 && std::isfinite(cost.ratio) ? cost.ratio : 0.0;
   // Whether count documents at width w fit: exact integers without a ratio.
@@ -59,24 +59,32 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
   // of short documents under a large budget), the greedy cut (each piece as full as it fits,
   // also the fewest pieces) is used instead.
   std::vector<std::size_t> starts;
+  // With a PieceCost the path's length is its predicted time instead (doubles; `time` unused
+  // for the pieces and padding then).
   struct Best {
     std::int64_t pieces, padded;
+    double time;
     std::size_t from;
   };
   constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
   constexpr std::size_t kMostRuns = std::size_t{1} << 24;
-  std::vector<Best> best(n + 1, Best{kNone, kNone, 0});
-  best[0] = Best{0, 0, 0};
+  std::vector<Best> best(n + 1, Best{kNone, kNone, std::numeric_limits<double>::infinity(), 0});
+  best[0] = Best{0, 0, 0.0, 0};
   std::size_t runs = 0;
   for (std::size_t i = 1; i <= n && runs <= kMostRuns; ++i) {
     for (std::size_t j = i; j-- > 0 && fits_run(j, i); ++runs) {
       const Best& before = best[j];
+      const std::int64_t count = static_cast<std::int64_t>(i - j);
       const std::int64_t pieces = before.pieces + 1;
-      const std::int64_t padded = before.padded + static_cast<std::int64_t>(i - j) * sorted[j];
+      const std::int64_t padded = before.padded + count * sorted[j];
       Best& here = best[i];
       // j falls: on a tie the first candidate (the latest start, the smallest last piece) stays.
-      if (pieces < here.pieces || (pieces == here.pieces && padded < here.padded))
-        here = Best{pieces, padded, j};
+      if (time) {
+        const double t = before.time + time->of(count, sorted[j]);
+        if (t < here.time) here = Best{pieces, padded, t, j};
+      } else if (pieces < here.pieces || (pieces == here.pieces && padded < here.padded)) {
+        here = Best{pieces, padded, 0.0, j};
+      }
     }
   }
   if (runs <= kMostRuns) {
@@ -121,13 +129,14 @@ std::optional<std::size_t> narrow_piece(const MicroBatchPlan& plan, std::int64_t
   return narrowest;
 }
 
-MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost) {
+MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost,
+                                  std::optional<PieceCost> time) {
   const Documents* documents = slab.documents();
   if (!documents) return plan_rows(slab.rows(), size);
   std::vector<std::int64_t> lengths;
   for (std::int64_t i = 0; i < documents->count(); ++i)
     lengths.push_back(documents->length(i));
-  return plan_documents(lengths, size, cost);
+  return plan_documents(lengths, size, cost, time);
 }
 
 std::int64_t padded_size(const std::vector<std::int64_t>& lengths) {
@@ -176,6 +185,22 @@ std::vector<std::int64_t> token_balanced_offsets(const std::int64_t* lengths, st
     offsets[static_cast<std::size_t>(r)] = std::clamp(i, low, high);
   }
   return offsets;
+}
+
+MicroBatchPiece short_piece(const Batch& slab, std::int64_t length) {
+  const Documents* documents = slab.documents();
+  if (!documents || documents->count() == 0) throw Error("short_piece: no documents");
+  std::int64_t chosen = 0;
+  for (std::int64_t d = 1; d < documents->count(); ++d) {
+    if (std::llabs(documents->length(d) - length) < std::llabs(documents->length(chosen) - length))
+      chosen = d;
+  }
+  MicroBatchPiece piece;
+  piece.documents = {chosen};
+  piece.count = 1;
+  piece.width = std::max<std::int64_t>(1, documents->length(chosen));
+  piece.tokens = documents->length(chosen);
+  return piece;
 }
 
 void widen_piece(const Batch& slab, MicroBatchPiece& piece, std::int64_t width,

@@ -144,7 +144,8 @@ void write_bytes(hdf5::File& file, const std::string& name, const std::string& b
   sums.store(dataset, bytes.data(), bytes.size());
 }
 
-// memory_model/points [n, 4] and memory_model/ranks [W, 3], float64 (see Checkpoint).
+// memory_model/points [n, 4] and memory_model/ranks [W, 5], float64 (see Checkpoint; older
+// checkpoints' ranks are [W, 3]).
 void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryModelRecord>& m,
                          const WrittenSums& sums) {
   if (m.empty()) return;
@@ -153,14 +154,15 @@ void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryM
     for (std::size_t i = 0; i + 3 <= m[r].points.size(); i += 3)
       points.insert(points.end(), {static_cast<double>(r), m[r].points[i], m[r].points[i + 1],
                                    m[r].points[i + 2]});
-    ranks.insert(ranks.end(), {m[r].failed_units, m[r].base, m[r].width_ratio});
+    ranks.insert(ranks.end(), {m[r].failed_units, m[r].base, m[r].width_ratio, m[r].cost_fixed,
+                               m[r].seconds_per_token});
   }
   const auto rows = static_cast<std::int64_t>(points.size() / 4);
   auto p = file.create_dataset("memory_model/points", hdf5::DType::kFloat64, {rows, 4});
   if (rows > 0) p.write_rows(0, rows, hdf5::DType::kFloat64, points.data());
   sums.store(p, points.data(), points.size() * 8);
   const auto world = static_cast<std::int64_t>(m.size());
-  auto r = file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 3});
+  auto r = file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 5});
   r.write_rows(0, world, hdf5::DType::kFloat64, ranks.data());
   sums.store(r, ranks.data(), ranks.size() * 8);
 }
@@ -172,18 +174,25 @@ std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
   auto ranks = file.dataset("memory_model/ranks");
   auto points = file.dataset("memory_model/points");
   const auto rank_shape = ranks.shape(), point_shape = points.shape();
-  if (rank_shape.size() != 2 || rank_shape[1] != 3 || point_shape.size() != 2 ||
-      point_shape[1] != 4)
-    throw InputError("its memory_model datasets do not have the shapes [W, 3] and [n, 4]");
-  std::vector<double> r(static_cast<std::size_t>(rank_shape[0] * 3)),
+  if (rank_shape.size() != 2 || (rank_shape[1] != 3 && rank_shape[1] != 5) ||
+      point_shape.size() != 2 || point_shape[1] != 4)
+    throw InputError("its memory_model datasets do not have the shapes [W, 5] and [n, 4]");
+  const auto columns = static_cast<std::size_t>(rank_shape[1]);
+  std::vector<double> r(static_cast<std::size_t>(rank_shape[0]) * columns),
       p(static_cast<std::size_t>(point_shape[0] * 4));
   if (!r.empty()) ranks.read_rows(0, rank_shape[0], hdf5::DType::kFloat64, r.data());
   if (!p.empty()) points.read_rows(0, point_shape[0], hdf5::DType::kFloat64, p.data());
   verifier.check(ranks, r.data(), r.size() * 8);
   verifier.check(points, p.data(), p.size() * 8);
   m.resize(static_cast<std::size_t>(rank_shape[0]));
-  for (std::size_t i = 0; i < m.size(); ++i)
-    m[i] = Checkpoint::MemoryModelRecord{{}, r[3 * i], r[3 * i + 1], r[3 * i + 2]};
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const double* row = r.data() + columns * i;
+    m[i] = Checkpoint::MemoryModelRecord{{}, row[0], row[1], row[2]};
+    if (columns == 5) {
+      m[i].cost_fixed = row[3];
+      m[i].seconds_per_token = row[4];
+    }
+  }
   for (std::size_t i = 0; i + 4 <= p.size(); i += 4) {
     const double rank = p[i];
     if (!(rank >= 0 && rank < static_cast<double>(m.size())))

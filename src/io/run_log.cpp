@@ -103,7 +103,9 @@ const std::vector<Field<MemoryModelRow>>& memory_model_fields() {
       {"predicted", &MemoryModelRow::predicted},
       {"micro_batch", &MemoryModelRow::micro_batch},
       {"probe_attempts", &MemoryModelRow::probe_attempts},
-      {"probe_seconds", &MemoryModelRow::probe_seconds}};
+      {"probe_seconds", &MemoryModelRow::probe_seconds},
+      {"cost_fixed", &MemoryModelRow::cost_fixed},
+      {"seconds_per_token", &MemoryModelRow::seconds_per_token}};
   return fields;
 }
 

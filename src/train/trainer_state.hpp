@@ -167,6 +167,23 @@ struct Trainer::State {
     const auto i = static_cast<std::size_t>(r);
     return i < width_costs.size() ? width_costs[i] : data::WidthCost{};
   }
+  // Documents: what a micro-batch is predicted to take on each rank (--micro-batch-cost auto: from
+  // the probe's timings; a resume on the same ranks takes it from the checkpoint), and the
+  // seconds per padded token of that fit (-1: none). nullopt: the fewest pieces.
+  std::vector<std::optional<data::PieceCost>> piece_costs;
+  std::vector<double> seconds_per_token;
+  std::optional<data::PieceCost> piece_cost(int r) const {
+    if (!documents()) return std::nullopt;
+    if (options.micro_batch_cost == TrainOptions::MicroBatchCost::kGiven)
+      return data::PieceCost{options.cost_fixed, options.cost_width};
+    const auto i = static_cast<std::size_t>(r);
+    if (options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto && i < piece_costs.size())
+      return piece_costs[i];
+    return std::nullopt;
+  }
+  // How documents are cut, for the banner and the run log: "by fewest pieces", "by predicted
+  // time (auto: ...)", "by predicted time (fixed=F,width=X)"; rows: "".
+  std::string micro_batch_cost_text() const;
   void report_dry_run();
   // --balance throughput, rows, automatic micro-batch: each rank's size follows its share, as
   // far as its memory model says it fits; `followed_shares` is the split they last followed.
@@ -249,8 +266,9 @@ struct Trainer::State {
   StepSplit split_of(std::int64_t global_step) const;
   // A probe (probe_memory) runs one micro-batch of the attempt's plan, and always rolls back:
   // the first (rows, or the widest documents), or documents at a narrow width (data::narrow_piece;
-  // nothing when the share has none).
-  enum class ProbePiece { kNone, kFirstPiece, kNarrowPiece };
+  // nothing when the share has none), or (--micro-batch-cost auto) one short document alone, timed
+  // and kept out of the memory model (data::short_piece).
+  enum class ProbePiece { kNone, kFirstPiece, kNarrowPiece, kShortPiece };
   StepOutcome attempt(const data::Batch& slab, std::int64_t m,
                       ProbePiece probe = ProbePiece::kNone);
   void after_out_of_memory(const StepOutcome& outcome);

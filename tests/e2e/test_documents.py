@@ -10,6 +10,7 @@ contributes nothing and no token is lost or counted twice. Tolerance EXACT = 1e-
 (fp32 sums in another order; measured about 1e-7). A run that dropped a micro-batch or counted
 padding lies 1e-2 or more away."""
 import os
+import shutil
 import subprocess
 import unittest
 
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import user_models as um
-from harness import TempDirTest, autoaccum
+from harness import TempDirTest, autoaccum, older_checkpoint
 
 VOCAB = 13
 EXACT = 1e-5
@@ -335,6 +336,56 @@ class Documents(TempDirTest):
         # that holds when the machine is busy and the measured speeds come closer together).
         self.assertLess(t1, 0.6 * t0, (t0, t1))
 
+    def test_cuts_by_predicted_time_equal_pytorch_log_their_cost_and_resume_bit_for_bit(self):
+        """--micro-batch-cost: documents cut by predicted time (a fitted or a given cost per
+        micro-batch) change which documents go together, never the gradient; the fitted cost is
+        in the run log and the checkpoint, and a resume from a checkpoint cuts as the run it
+        continues (bit for bit)."""
+        limit = ("--memory-limit", "8MiB")
+        # A given cost of 0: the least padding whatever the pieces (many more micro-batches).
+        r, log, checkpoint = self.train(2, "given", "--micro-batch-cost", "fixed=0", *limit)
+        self.assert_equals_reference(checkpoint)
+        self.assertIn("by predicted time (--micro-batch-cost fixed=0,width=0)", r.stdout)
+        _, fewest_log, _ = self.train(2, "fewest", *limit)
+        with h5py.File(log, "r") as f, h5py.File(fewest_log, "r") as g:
+            self.assertEqual(f.attrs["micro_batch_cost"],
+                             "by predicted time (--micro-batch-cost fixed=0,width=0)")
+            given_padded, fewest_padded = f["steps/padded_tokens"][:], g["steps/padded_tokens"][:]
+            given_pieces, fewest_pieces_run = f["steps/accumulation"][:], g["steps/accumulation"][:]
+        with h5py.File(log, "r") as f:  # a cost of 0 buys every padded token it can
+            self.assertLess((f["steps/padded_tokens"][:] - f["steps/tokens"][:]).sum(),
+                            (fewest_padded - f["steps/tokens"][:]).sum())
+        self.assertTrue((given_padded <= fewest_padded).all())
+        self.assertGreater(given_pieces.sum(), fewest_pieces_run.sum())
+        # Fitted: every rank's cost from the probe, in the run log and the checkpoint.
+        r, log, checkpoint = self.train(2, "auto", "--micro-batch-cost", "auto", *limit,
+                                        "--checkpoint-every", 2, steps=4)
+        self.assertIn("micro-batch cost: rank 0:", r.stdout)
+        with h5py.File(log, "r") as f:
+            fixed = f["memory_model/cost_fixed"][:]
+            rate = f["memory_model/seconds_per_token"][:]
+        self.assertEqual(len(fixed), 2)
+        self.assertTrue((fixed >= 0).all() and (rate > 0).all(), (fixed, rate))
+        with h5py.File(checkpoint, "r") as f:
+            ranks = f["memory_model/ranks"][:]
+        np.testing.assert_array_equal(ranks[:, 3], fixed)
+        self.assert_equals_reference(checkpoint, steps=4)
+        summary = autoaccum(1, "log", log)
+        self.assertIn("padded tokens per micro-batch", summary.stdout)
+        self.assertIn("a step's compute per rank, median: predicted", summary.stdout)
+        # Resumed from its step-2 checkpoint: the same cuts, the same bits as the whole run.
+        resumed = self.path("auto-resumed.ckpt.h5")
+        shutil.copy(older_checkpoint(checkpoint, 2), resumed)
+        r = autoaccum(2, "train", "--data", self.data, "--model-file", self.lm, "--threads", 1,
+                      "--shuffle", "none", "--lr", 0.1, "--momentum", 0, "--global-batch", 12,
+                      "--steps", 4, "--micro-batch-cost", "auto", *limit, "--checkpoint",
+                      resumed, "--resume", timeout=120)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertNotIn("micro-batch cost: rank", r.stdout)  # not fitted again
+        a, b = um.checkpoint_tensors(checkpoint)[0], um.checkpoint_tensors(resumed)[0]
+        for name in a:
+            self.assertTrue(np.array_equal(a[name], b[name]), name)
+
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
         r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)
         lines = um.error_lines(r)
@@ -407,6 +458,12 @@ class Documents(TempDirTest):
             (dict(args=("--micro-batch-tokens", 64), data=rows,
                   model=um.save_scripted(um.LinearBn(4, 5, 3), self.path("rows.pt"))),
              "holds rows, not documents"),
+            (dict(args=("--micro-batch-cost", "auto"), data=rows,
+                  model=um.save_scripted(um.LinearBn(4, 5, 3), self.path("rows3.pt"))),
+             "--micro-batch-cost: --data"),
+            (dict(args=("--micro-batch-cost", "fixed=-2")), "--micro-batch-cost: 'fixed=-2'"),
+            (dict(args=("--micro-batch-cost", "width=0.1")), "gives no fixed=F"),
+            (dict(args=("--micro-batch-cost", "fast")), "is not one of the forms"),
         ]
         for kw, message in cases:
             with self.subTest(message):

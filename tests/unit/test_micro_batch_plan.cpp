@@ -127,6 +127,72 @@ TEST(PlanDocuments, TheFewestPiecesAndTheLeastPaddingOfEveryPossibleCut) {
   EXPECT_LT(plan_padding, greedy_padding);  // the cut matters somewhere in 200 draws
 }
 
+// Every cut of the longest-first order again: the least predicted time that holds the budget.
+double brute_force_time(std::vector<std::int64_t> lengths, std::int64_t budget, PieceCost time) {
+  std::stable_sort(lengths.begin(), lengths.end(), std::greater<>());
+  const std::size_t n = lengths.size();
+  double best = std::numeric_limits<double>::infinity();
+  for (std::uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+    double total = 0;
+    bool ok = true;
+    for (std::size_t start = 0; start < n && ok;) {
+      std::size_t end = start + 1;
+      while (end < n && !(cuts & (1u << (end - 1))))
+        ++end;
+      const auto count = static_cast<std::int64_t>(end - start);
+      ok = count == 1 || count * lengths[start] <= budget;
+      total += time.of(count, lengths[start]);
+      start = end;
+    }
+    if (ok) best = std::min(best, total);
+  }
+  return best;
+}
+
+double plan_time(const MicroBatchPlan& plan, PieceCost time) {
+  double total = 0;
+  for (const auto& piece : plan.pieces)
+    total += time.of(piece.count, piece.width);
+  return total;
+}
+
+TEST(PlanDocuments, WithAPieceCostTheLeastPredictedTimeOfEveryPossibleCut) {
+  std::int64_t fewer_padded = 0;
+  for (std::uint32_t seed = 0; seed < 200; ++seed) {
+    const auto lengths = random_lengths(4 + seed % 11, seed + 3000);
+    const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    const std::int64_t budget = longest + static_cast<std::int64_t>(seed % 7) * longest / 2;
+    const PieceCost time{static_cast<double>(seed % 5) * longest / 4,
+                         seed % 3 == 0 ? 0.0 : 0.01 * (seed % 3)};
+    const MicroBatchPlan plan = plan_documents(lengths, budget, {}, time);
+    const double best = brute_force_time(lengths, budget, time);
+    ASSERT_NEAR(plan_time(plan, time), best, 1e-9 * best) << "seed " << seed;
+    std::int64_t total = 0;
+    for (const auto& piece : plan.pieces) {
+      EXPECT_TRUE(piece.count == 1 || piece.size() <= budget) << "seed " << seed;
+      total += piece.count;
+    }
+    EXPECT_EQ(total, static_cast<std::int64_t>(lengths.size()));
+    fewer_padded += plan_documents(lengths, budget).padded_tokens - plan.padded_tokens;
+  }
+  EXPECT_GT(fewer_padded, 0);  // a cheap piece buys less padding somewhere in 200 draws
+}
+
+TEST(PlanDocuments, APieceCostWhoseFixedPartDominatesCutsAsTheFewestPieces) {
+  for (std::uint32_t seed = 0; seed < 100; ++seed) {
+    const auto lengths = random_lengths(5 + seed % 40, seed + 5000);
+    const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    const std::int64_t budget = longest * (1 + static_cast<std::int64_t>(seed % 9));
+    // Above all padding the documents can have: one piece less always wins.
+    const auto all = static_cast<std::int64_t>(lengths.size()) * longest;
+    const MicroBatchPlan fewest = plan_documents(lengths, budget);
+    const MicroBatchPlan timed = plan_documents(lengths, budget, {}, PieceCost{2.0 * all, 0});
+    ASSERT_EQ(timed.pieces.size(), fewest.pieces.size()) << "seed " << seed;
+    for (std::size_t p = 0; p < fewest.pieces.size(); ++p)
+      EXPECT_EQ(timed.pieces[p].documents, fewest.pieces[p].documents) << "seed " << seed;
+  }
+}
+
 TEST(PlanDocuments, VeryManyShortDocumentsUnderALargeBudgetAreCutGreedily) {
   // 300,000 documents of 1-3 tokens under a budget of 150,000: more than 2^24 runs to weigh.
   std::vector<std::int64_t> lengths(300000);

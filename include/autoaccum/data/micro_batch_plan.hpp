@@ -42,18 +42,34 @@ struct WidthCost {
   std::int64_t reference = 0;
 };
 
+// What a micro-batch of documents is predicted to take, in padded tokens' worth of time: `fixed`
+// per micro-batch (kernel launches, the per-call work of the model and the loss), plus each
+// padded token weighed 1 + `width` x its piece's width (attention's scores: a token of a wide
+// piece costs more). A plan with a PieceCost minimises the sum over its pieces; without one it
+// takes the fewest pieces and then the least padding, which is the limit of a fixed part that
+// dominates.
+struct PieceCost {
+  double fixed = 0;
+  double width = 0;
+  double of(std::int64_t count, std::int64_t piece_width) const {
+    const auto w = static_cast<double>(piece_width);
+    return fixed + static_cast<double>(count) * w * (1 + width * w);
+  }
+};
+
 // Row data: ceil(rows / size) consecutive slices of `size` rows (the last may be shorter).
 MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size);
 
 // Documents of these lengths under a budget of `budget` padded tokens: ordered longest first
 // (ties in slab order) and cut into runs of that order, each holding (count x its first,
 // longest document) <= budget (weighed by `cost`) or a single document (one longer than the
-// budget goes alone). The cut has the fewest pieces (as many as taking documents while they
-// fit would give) and, among those, the fewest padded tokens; ties keep the earlier pieces
-// full. Beyond 2^24 candidate runs (very many short documents under a large budget) the plan
-// is that greedy cut itself.
+// budget goes alone). Without `time`, the cut has the fewest pieces (as many as taking documents
+// while they fit would give) and, among those, the fewest padded tokens; with it, the least
+// predicted time (time->of summed over the pieces), found by the same exact shortest path. Ties
+// keep the earlier pieces full. Beyond 2^24 candidate runs (very many short documents under a
+// large budget) the plan is the greedy cut (each piece as full as it fits).
 MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
-                              WidthCost cost = {});
+                              WidthCost cost = {}, std::optional<PieceCost> time = {});
 
 // The piece a memory probe measures at a narrow width, so that a memory model can tell a wide
 // token's cost from a narrow one's (WidthCost): of the pieces holding at least half the budget's
@@ -70,9 +86,14 @@ std::optional<std::size_t> narrow_piece(const MicroBatchPlan& plan, std::int64_t
 void widen_piece(const Batch& slab, MicroBatchPiece& piece, std::int64_t width,
                  std::int64_t budget);
 
+// One document alone, the slab's nearest in length to `length` (the first such): what a probe
+// times to learn a micro-batch's fixed cost (a short piece is mostly that). Documents only.
+MicroBatchPiece short_piece(const Batch& slab, std::int64_t length);
+
 // The plan for a slab read by SlabReader: rows, or its documents' lengths; `size` is rows or a
 // token budget (`cost`: documents only).
-MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost = {});
+MicroBatchPlan plan_micro_batches(const Batch& slab, std::int64_t size, WidthCost cost = {},
+                                  std::optional<PieceCost> time = {});
 
 // The fields of one piece, in the slab's order (inputs, then the target). Rows: views of the
 // slab. Documents: token ids int64 [m, width] padded on the right with 0, then (--inputs

@@ -86,13 +86,16 @@ struct Checkpoint {
   // Each rank's memory model (--micro-batch-search predict), so a resumed run predicts and cuts
   // documents as the interrupted one would have: memory_model/points, rows of (rank, units,
   // square, peak bytes); memory_model/ranks, a row per rank of (smallest size that ran out,
-  // base bytes, documents' width-cost ratio). Empty: none recorded (older checkpoints, fixed
-  // micro-batches).
+  // base bytes, documents' width-cost ratio, a micro-batch's fitted fixed cost in padded tokens
+  // and seconds per padded token: -1 when none; older checkpoints have the first three only).
+  // Empty: none recorded (older checkpoints, fixed micro-batches).
   struct MemoryModelRecord {
     std::vector<double> points;  // (units, square, peak) per point
     double failed_units = 0;
     double base = 0;
     double width_ratio = 0;
+    double cost_fixed = -1;
+    double seconds_per_token = -1;
   };
   std::vector<MemoryModelRecord> memory_models;
   // Each rank's fingerprint of its parameters when the checkpoint was written (hex), at

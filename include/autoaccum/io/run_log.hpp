@@ -17,7 +17,7 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 9: the `checkpoints` group (every checkpoint written: its step, bytes and seconds).
 // 10: `steps/accumulation_max` and `steps/accumulation_max_rank` (every rank's micro-batches).
 // 11: `resumes/skipped_checkpoints`, root attributes `resume_checkpoints` and `resume_skipped`.
-inline constexpr std::int64_t kRunLogSchemaVersion = 12;
+inline constexpr std::int64_t kRunLogSchemaVersion = 13;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -81,6 +81,10 @@ struct MemoryModelRow {
   std::int64_t micro_batch = 0;
   std::int64_t probe_attempts = 0;
   double probe_seconds = 0;
+  // Documents, --micro-batch-cost auto (schema 13): the fitted fixed cost of a micro-batch in
+  // padded tokens and seconds per padded token; -1 when none was fitted.
+  double cost_fixed = -1;
+  double seconds_per_token = -1;
 };
 
 struct EvalRow {

@@ -46,6 +46,16 @@ struct TrainOptions {
   // cost of a token at each width (data::WidthCost; a third probe point of shorter documents
   // measures it); false (flat, the default): every padded token counts alike.
   bool token_cost_by_memory = false;
+  // Document data: how a rank's documents are cut under its budget (--micro-batch-cost).
+  // kPieces (the default): the fewest micro-batches, then the least padding. kAuto: the least
+  // predicted time, each rank's cost per micro-batch fitted from the memory probe's timings
+  // (data::PieceCost). kGiven: the least predicted time under `cost_fixed` padded tokens per
+  // micro-batch and `cost_width` per padded token per unit of width, the same on every rank
+  // (reproducible across fresh starts).
+  enum class MicroBatchCost { kPieces, kAuto, kGiven };
+  MicroBatchCost micro_batch_cost = MicroBatchCost::kPieces;
+  double cost_fixed = 0;
+  double cost_width = 0;
   // --micro-batch-search predict (the default): probe memory before the first step and start at
   // the largest size the memory model predicts to fit (train/memory_model.hpp).
   bool predict_micro_batch = true;

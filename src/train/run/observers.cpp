@@ -71,6 +71,8 @@ void RunLogObserver::on_prediction(const MemoryPrediction& event) {
     row.micro_batch = r.used;
     row.probe_attempts = event.probe_attempts;
     row.probe_seconds = event.seconds;
+    row.cost_fixed = r.cost_fixed;
+    row.seconds_per_token = r.seconds_per_token;
     writer_.add(row);
   }
 }
@@ -258,6 +260,14 @@ void ProgressObserver::on_prediction(const MemoryPrediction& event) {
   }
   if (event.ranks.size() > 4)
     std::cout << "memory model: the other ranks start where rank 0 does" << std::endl;
+  shown = 0;
+  for (const auto& r : event.ranks) {
+    if (r.cost_fixed < 0 || ++shown > 8) continue;
+    std::cout << "micro-batch cost: rank " << r.rank << ": " << std::lround(r.cost_fixed)
+              << " padded tokens per micro-batch, " << std::setprecision(3)
+              << r.seconds_per_token * 1e6 << " us per padded token (fitted from the probe); "
+              << "documents are cut by predicted time" << std::endl;
+  }
   std::cout << "memory model: probed with " << event.probe_attempts << " attempts in " << std::fixed
             << std::setprecision(2) << event.seconds << " s" << std::endl;
   std::cout.unsetf(std::ios::floatfield);

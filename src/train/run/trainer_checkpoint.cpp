@@ -335,6 +335,14 @@ void Trainer::State::restore(const io::Checkpoint& c) {
       if (documents() && !fixed_size && options.token_cost_by_memory && m.width_ratio > 0)
         width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
     }
+    // --micro-batch-cost auto: the fitted costs too, so the resumed run cuts as this one did.
+    piece_costs.assign(static_cast<std::size_t>(world), std::nullopt);
+    seconds_per_token.assign(static_cast<std::size_t>(world), -1.0);
+    for (std::size_t r = 0; r < c.memory_models.size(); ++r) {
+      if (c.memory_models[r].cost_fixed < 0) continue;
+      piece_costs[r] = data::PieceCost{c.memory_models[r].cost_fixed, 0.0};
+      seconds_per_token[r] = c.memory_models[r].seconds_per_token;
+    }
   }
   // Balanced shares continue on the same ranks; on another number they start even again.
   const auto valid = [&](const std::vector<std::int64_t>& v) {
@@ -455,8 +463,13 @@ std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> gene
   }
   for (std::size_t r = 0; r < memory_models.size(); ++r) {
     const MemoryModel::Record m = memory_models[r].record();
-    c.memory_models.push_back(io::Checkpoint::MemoryModelRecord{
-        m.points, m.failed_units, m.base, width_cost(static_cast<int>(r)).ratio});
+    io::Checkpoint::MemoryModelRecord record{m.points, m.failed_units, m.base,
+                                             width_cost(static_cast<int>(r)).ratio};
+    if (r < piece_costs.size() && piece_costs[r]) {
+      record.cost_fixed = piece_costs[r]->fixed;
+      record.seconds_per_token = r < seconds_per_token.size() ? seconds_per_token[r] : -1;
+    }
+    c.memory_models.push_back(record);
   }
   c.world_size = world;
   c.seed = options.seed;

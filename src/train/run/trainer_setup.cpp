@@ -465,6 +465,7 @@ void Trainer::State::open_observers() {
           {"balance", balance_text()},
           {"overlap", overlap_text()},
           {"shard", sharded() ? "optimizer" : "none"},
+          {"micro_batch_cost", micro_batch_cost_text()},
           {"fixed_bytes_counted", fixed_bytes_list},
           {"precision", to_string(options.precision)},
           {"micro_batch_unit", documents() ? "tokens" : "rows"}};
@@ -551,7 +552,8 @@ void Trainer::State::announce() {
            << " padded tokens (documents x longest)"
            << (options.token_cost_by_memory
                    ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
-                   : "");
+                   : "")
+           << "; cut " << micro_batch_cost_text();
   } else {
     banner << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
            << plan->batches_per_epoch() << " batches per epoch), " << total_steps
@@ -585,6 +587,24 @@ void Trainer::State::announce() {
   for (const auto& line : say_later)
     say("note: " + line);
   say_later.clear();
+}
+
+std::string Trainer::State::micro_batch_cost_text() const {
+  if (!documents()) return "";
+  switch (options.micro_batch_cost) {
+    case TrainOptions::MicroBatchCost::kPieces:
+      return "into the fewest micro-batches, then the least padding (--micro-batch-cost pieces)";
+    case TrainOptions::MicroBatchCost::kAuto:
+      return "by predicted time, a micro-batch's cost fitted by the memory probe "
+             "(--micro-batch-cost auto)";
+    case TrainOptions::MicroBatchCost::kGiven: {
+      std::ostringstream text;
+      text << "by predicted time (--micro-batch-cost fixed=" << options.cost_fixed
+           << ",width=" << options.cost_width << ")";
+      return text.str();
+    }
+  }
+  return "";
 }
 
 }  // namespace autoaccum::train

@@ -176,6 +176,10 @@ void Trainer::State::open_data() {
         throw UsageError("--token-cost memory: --data '" + reader->paths().front() +
                          "' holds rows, not documents: every row has the same width");
       }
+      if (o.micro_batch_cost != TrainOptions::MicroBatchCost::kPieces) {
+        throw UsageError("--micro-batch-cost: --data '" + reader->paths().front() +
+                         "' holds rows, not documents: rows are cut into equal slices");
+      }
       size_cap = plan->max_rank_rows();
       fixed_size = o.micro_batch;
       make_micro_batches({});

@@ -101,11 +101,13 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     const CastCacheScope casts(options.precision);
     // Which rows go together: slices of m rows, or documents under a budget of m tokens.
     data::MicroBatchPlan cut;
-    if (m > 0) cut = data::plan_micro_batches(slab, m, width_cost(rank));
+    if (m > 0) cut = data::plan_micro_batches(slab, m, width_cost(rank), piece_cost(rank));
     report.pieces = static_cast<std::int64_t>(cut.pieces.size());
     report.tokens = cut.tokens;
     report.padded_tokens = cut.padded_tokens;
-    if (probe != ProbePiece::kNone && !cut.pieces.empty()) {
+    if (probe == ProbePiece::kShortPiece && !cut.pieces.empty()) {
+      cut.pieces.assign(1, data::short_piece(slab, std::max<std::int64_t>(1, size_floor / 8)));
+    } else if (probe != ProbePiece::kNone && !cut.pieces.empty()) {
       std::optional<std::size_t> keep = std::size_t{0};
       if (probe == ProbePiece::kNarrowPiece) keep = data::narrow_piece(cut, m);
       if (keep && *keep > 0) cut.pieces.front() = std::move(cut.pieces[*keep]);
@@ -256,7 +258,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     auto& peak = peak_bytes[static_cast<std::size_t>(r)];
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
   }
-  learn_memory(outcome);
+  if (probe != ProbePiece::kShortPiece) learn_memory(outcome);
   if (outcome.succeeded() && probe == ProbePiece::kNone) {
     // The mean over what the global batch counted, and the loss scale undone, in one pass.
     const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();

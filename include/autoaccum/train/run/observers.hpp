@@ -45,6 +45,10 @@ struct MemoryPrediction {
     MemoryFit fit;               // when fitted
     std::int64_t predicted = 0;  // its largest size under the limit and margin (-1: none)
     std::int64_t used = 0;       // the size it starts at (scope global: the smallest)
+    // Documents, --micro-batch-cost auto: a micro-batch's fixed cost in padded tokens and the
+    // seconds per padded token, fitted from the probe's timings (-1: none).
+    double cost_fixed = -1;
+    double seconds_per_token = -1;
   };
   std::vector<Rank> ranks;
 };
