@@ -289,8 +289,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const auto per_token = values(log, "memory_model", "seconds_per_token");
   const std::string cut = log.attribute("micro_batch_cost");
   if (!cut.empty()) out << "\nDocuments cut " << cut << "\n";
-  if (!cost_fixed.empty() && std::any_of(cost_fixed.begin(), cost_fixed.end(),
-                                         [](double f) { return f >= 0; })) {
+  if (!cost_fixed.empty() &&
+      std::any_of(cost_fixed.begin(), cost_fixed.end(), [](double f) { return f >= 0; })) {
     double fixed_sum = 0, rate_sum = 0, fitted = 0;
     for (std::size_t i = 0; i < cost_fixed.size() && i < per_token.size(); ++i) {
       if (cost_fixed[i] < 0) continue;
@@ -306,8 +306,7 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     const double world = std::max(1.0, std::atof(log.attribute("world_size").c_str()));
     std::vector<double> predicted, measured;
     for (std::size_t s = 0; s < padded.size() && s < pieces.size() && s < took.size(); ++s) {
-      predicted.push_back(rate_sum / fitted *
-                          (fixed_sum / fitted * pieces[s] + padded[s] / world));
+      predicted.push_back(rate_sum / fitted * (fixed_sum / fitted * pieces[s] + padded[s] / world));
       measured.push_back(took[s] - (s < reduce.size() ? reduce[s] : 0.0));
     }
     if (!predicted.empty()) {

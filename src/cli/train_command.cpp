@@ -330,7 +330,8 @@ Command train_command() {
       "micro-batch of shorter documents take more tokens, as many as fit in the memory the "
       "budget takes at the longest width (fewer micro-batches, more padding)");
   add("micro-batch-cost",
-      po::value<std::string>()->default_value("pieces")->value_name("pieces|auto|fixed=F[,width=X]"),
+      po::value<std::string>()->default_value("pieces")->value_name(
+          "pieces|auto|fixed=F[,width=X]"),
       "document data: how each rank's documents are cut under its budget. pieces: the fewest "
       "micro-batches, then the least padding; auto: the least predicted time, a micro-batch's "
       "fixed cost fitted from the memory probe's timings; fixed=F[,width=X]: the least predicted "

@@ -212,7 +212,8 @@ void widen_piece(const Batch& slab, MicroBatchPiece& piece, std::int64_t width,
   piece.count = count;
   piece.width = width;
   piece.tokens = 0;
-  for (const std::int64_t d : piece.documents) piece.tokens += documents->length(d);
+  for (const std::int64_t d : piece.documents)
+    piece.tokens += documents->length(d);
 }
 
 Batch micro_batch(const Batch& slab, const MicroBatchPiece& piece) {

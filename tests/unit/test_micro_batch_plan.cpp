@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -74,28 +75,43 @@ TEST(PlanDocuments, SortingByLengthPadsLessThanFileOrder) {
             0.1 * static_cast<double>(sorted.tokens));
 }
 
-// Every way to cut the longest-first order into runs, tried one by one: the fewest pieces that
-// hold the budget, and the least padding among those.
-std::pair<std::int64_t, std::int64_t> brute_force_cut(std::vector<std::int64_t> lengths,
-                                                      std::int64_t budget) {
+// Every way to cut the longest-first order into runs, one by one: visit(runs) with each run's
+// (count, width), the width being its first (longest) document's.
+template <class Visit>
+void every_cut(std::vector<std::int64_t> lengths, Visit visit) {
   std::stable_sort(lengths.begin(), lengths.end(), std::greater<>());
   const std::size_t n = lengths.size();
-  std::pair<std::int64_t, std::int64_t> best{1 << 30, 0};
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;
   for (std::uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
-    std::int64_t pieces = 0, padded = 0;
-    bool ok = true;
-    for (std::size_t start = 0; start < n && ok;) {
+    runs.clear();
+    for (std::size_t start = 0; start < n;) {
       std::size_t end = start + 1;
       while (end < n && !(cuts & (1u << (end - 1))))
         ++end;
-      const auto count = static_cast<std::int64_t>(end - start);
-      ok = count == 1 || count * lengths[start] <= budget;
-      ++pieces;
-      padded += count * lengths[start];
+      runs.emplace_back(static_cast<std::int64_t>(end - start), lengths[start]);
       start = end;
     }
-    if (ok && std::make_pair(pieces, padded) < best) best = {pieces, padded};
+    visit(runs);
   }
+}
+
+bool within(const std::vector<std::pair<std::int64_t, std::int64_t>>& runs, std::int64_t budget) {
+  return std::all_of(runs.begin(), runs.end(),
+                     [&](const auto& r) { return r.first == 1 || r.first * r.second <= budget; });
+}
+
+// The fewest pieces that hold the budget, and the least padding among those.
+std::pair<std::int64_t, std::int64_t> brute_force_cut(const std::vector<std::int64_t>& lengths,
+                                                      std::int64_t budget) {
+  std::pair<std::int64_t, std::int64_t> best{1 << 30, 0};
+  every_cut(lengths, [&](const auto& runs) {
+    std::int64_t padded = 0;
+    for (const auto& [count, width] : runs)
+      padded += count * width;
+    const std::pair<std::int64_t, std::int64_t> here{static_cast<std::int64_t>(runs.size()),
+                                                     padded};
+    if (within(runs, budget) && here < best) best = here;
+  });
   return best;
 }
 
@@ -127,25 +143,16 @@ TEST(PlanDocuments, TheFewestPiecesAndTheLeastPaddingOfEveryPossibleCut) {
   EXPECT_LT(plan_padding, greedy_padding);  // the cut matters somewhere in 200 draws
 }
 
-// Every cut of the longest-first order again: the least predicted time that holds the budget.
-double brute_force_time(std::vector<std::int64_t> lengths, std::int64_t budget, PieceCost time) {
-  std::stable_sort(lengths.begin(), lengths.end(), std::greater<>());
-  const std::size_t n = lengths.size();
+// The least predicted time of every cut that holds the budget.
+double brute_force_time(const std::vector<std::int64_t>& lengths, std::int64_t budget,
+                        PieceCost time) {
   double best = std::numeric_limits<double>::infinity();
-  for (std::uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+  every_cut(lengths, [&](const auto& runs) {
     double total = 0;
-    bool ok = true;
-    for (std::size_t start = 0; start < n && ok;) {
-      std::size_t end = start + 1;
-      while (end < n && !(cuts & (1u << (end - 1))))
-        ++end;
-      const auto count = static_cast<std::int64_t>(end - start);
-      ok = count == 1 || count * lengths[start] <= budget;
-      total += time.of(count, lengths[start]);
-      start = end;
-    }
-    if (ok) best = std::min(best, total);
-  }
+    for (const auto& [count, width] : runs)
+      total += time.of(count, width);
+    if (within(runs, budget)) best = std::min(best, total);
+  });
   return best;
 }
 

@@ -118,8 +118,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   // all at the data's longest width (data::widen_piece). The first size runs twice: the first
   // call of a graph also compiles and allocates, and would count as a micro-batch's fixed cost.
   // Then one short document alone (data::short_piece), below.
-  const bool timed =
-      documents() && options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto;
+  const bool timed = documents() && options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto;
   std::vector<std::vector<std::pair<double, double>>> timings(static_cast<std::size_t>(world));
   for (;;) {
     if (std::all_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage == 3; }))
@@ -230,7 +229,8 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   // padded tokens (data::PieceCost). Small pieces are where a micro-batch's own cost shows (calls,
   // small matrix products); the wide pieces' intercept is lost in their noise. No time measured:
   // no model, the fewest pieces.
-  if (timed && std::none_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage != 3; })) {
+  if (timed &&
+      std::none_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage != 3; })) {
     const StepOutcome outcome = attempt(slab, size_floor, ProbePiece::kShortPiece);
     ++attempts;
     fail_if_refused(outcome);
