@@ -565,12 +565,14 @@ def main():
         epilog="docs/models.md, 'From Hugging Face'")
     sub = parser.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="a save_pretrained folder -> a TorchScript file to train")
-    e.add_argument("--from", dest="from_folder", required=True, metavar="FOLDER")
-    e.add_argument("--out", required=True)
+    e.add_argument("--from", dest="from_folder", required=True, metavar="FOLDER",
+                   help="what save_pretrained wrote: config.json, and the weights to fine-tune")
+    e.add_argument("--out", required=True, help="the TorchScript file for --model-file")
     e.add_argument("--task", choices=TASKS)
     e.add_argument("--inputs", help="tokens (default for causal-lm) or tokens,lengths "
                    "(a padding mask built inside; needed for sequence classification)")
-    e.add_argument("--trace-length", type=int, default=16)
+    e.add_argument("--trace-length", type=int, default=16,
+                   help="the length traced at (the graph is then checked at others)")
     e.add_argument("--seed", type=int, default=0, help="random weights when the folder has none")
     i = sub.add_parser("import", help="a trained TorchScript file (or checkpoint) -> a folder "
                        "that from_pretrained loads")
@@ -578,7 +580,7 @@ def main():
                    help="written by hf.py export (with --checkpoint), or by autoaccum export")
     i.add_argument("--checkpoint", help="an autoaccum checkpoint of that model")
     i.add_argument("--autoaccum", help="the autoaccum binary (default: on PATH, else build/)")
-    i.add_argument("--out", required=True)
+    i.add_argument("--out", required=True, help="a new folder for from_pretrained")
     t = sub.add_parser("tiny", help="a small model folder with random weights")
     t.add_argument("--arch", choices=("gpt2", "llama", "bert"), required=True)
     t.add_argument("--out", required=True)
