@@ -111,7 +111,7 @@ else
   inner="./tests/run.sh$(printf ' %q' "$@")"
 fi
 exec chroot "$root" /usr/bin/env -i \
-  HOME=/root LANG=C.UTF-8 TERM=dumb \
+  HOME=/root LANG=C.UTF-8 TERM=dumb AUTOACCUM_SKIP_HF=1 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   CCACHE_DIR=/work/ccache \
   /bin/bash -c "cd /work/src && $inner"
