@@ -56,14 +56,6 @@ def die(message):
     sys.exit(1)
 
 
-def cached_env():
-    if os.geteuid() == 0:
-        cache = os.environ.get("AUTOACCUM_CACHE", "/var/cache/autoaccum")
-    else:
-        cache = os.environ.get("AUTOACCUM_CACHE", os.path.expanduser("~/.cache/autoaccum"))
-    return os.path.join(cache, f"hf-transformers-{TRANSFORMERS}", "bin", "python")
-
-
 def need_transformers():
     """Imports transformers, or re-runs this script under the cached environment that has it."""
     try:
@@ -71,13 +63,14 @@ def need_transformers():
         return
     except ImportError:
         pass
-    python = cached_env()
-    venv = os.path.dirname(os.path.dirname(python))
-    if os.path.exists(python) and os.path.abspath(sys.prefix) != os.path.abspath(venv):
+    # hf-env.sh says where its environment is (nothing when it is not installed).
+    env = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf-env.sh")
+    python = subprocess.run([env, "--python"], capture_output=True, text=True).stdout.strip()
+    venv = os.path.dirname(os.path.dirname(python)) if python else ""
+    if python and os.path.abspath(sys.prefix) != os.path.abspath(venv):
         os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
-    here = os.path.dirname(os.path.abspath(__file__))
-    die(f"transformers is not installed for {sys.executable}: run {here}/hf-env.sh "
-        f"(installs transformers {TRANSFORMERS} into {venv})")
+    die(f"transformers is not installed for {sys.executable}: run {env} (installs transformers "
+        f"{TRANSFORMERS}, pinned, into a cached environment)")
 
 
 def quiet():

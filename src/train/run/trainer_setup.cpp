@@ -589,22 +589,4 @@ void Trainer::State::announce() {
   say_later.clear();
 }
 
-std::string Trainer::State::micro_batch_cost_text() const {
-  if (!documents()) return "";
-  switch (options.micro_batch_cost) {
-    case TrainOptions::MicroBatchCost::kPieces:
-      return "into the fewest micro-batches, then the least padding (--micro-batch-cost pieces)";
-    case TrainOptions::MicroBatchCost::kAuto:
-      return "by predicted time, a micro-batch's cost fitted by the memory probe "
-             "(--micro-batch-cost auto)";
-    case TrainOptions::MicroBatchCost::kGiven: {
-      std::ostringstream text;
-      text << "by predicted time (--micro-batch-cost fixed=" << options.cost_fixed
-           << ",width=" << options.cost_width << ")";
-      return text.str();
-    }
-  }
-  return "";
-}
-
 }  // namespace autoaccum::train
