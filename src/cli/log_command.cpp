@@ -16,6 +16,7 @@
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/sizing/memory_model.hpp"
+#include "autoaccum/train/sizing/time_model.hpp"
 #include "commands.hpp"
 
 namespace po = boost::program_options;
@@ -282,42 +283,57 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     }
   }
 
-  // Documents cut by predicted time (schema 13, --micro-batch-cost auto): each rank's fitted cost,
-  // and the prediction it makes of a step's compute against the measured (step seconds less the
-  // all-reduce), medians over the steps, averaged over the ranks.
-  const auto cost_fixed = values(log, "memory_model", "cost_fixed");
-  const auto per_token = values(log, "memory_model", "seconds_per_token");
+  // Documents cut by predicted time (--micro-batch-cost auto, schema 14): each rank's time fit,
+  // and rank 0's predicted compute per step against its measured, medians over the steps without
+  // an out-of-memory retry.
   const std::string cut = log.attribute("micro_batch_cost");
   if (!cut.empty()) out << "\nDocuments cut " << cut << "\n";
-  if (!cost_fixed.empty() &&
-      std::any_of(cost_fixed.begin(), cost_fixed.end(), [](double f) { return f >= 0; })) {
-    double fixed_sum = 0, rate_sum = 0, fitted = 0;
-    for (std::size_t i = 0; i < cost_fixed.size() && i < per_token.size(); ++i) {
-      if (cost_fixed[i] < 0) continue;
-      out << "  rank " << integer(model_rank[i]) << ": " << number(cost_fixed[i], "%.1f")
-          << " padded tokens per micro-batch, " << number(per_token[i] * 1e6, "%.1f")
-          << " us per padded token\n";
-      fixed_sum += cost_fixed[i], rate_sum += per_token[i], fitted += 1;
+  const auto time_rank = values(log, "time_model", "rank");
+  const auto time_fixed = values(log, "time_model", "fixed_seconds");
+  const auto time_unit = values(log, "time_model", "seconds_per_token");
+  const auto time_square = values(log, "time_model", "seconds_per_square");
+  const auto time_budget = values(log, "time_model", "micro_batch");
+  const auto time_error = values(log, "time_model", "fit_error");
+  const auto time_step = values(log, "time_model", "step");
+  const std::size_t shown_ranks = 8;
+  for (std::size_t i = 0; i < time_rank.size() && i < time_unit.size(); ++i) {
+    if (i == shown_ranks) {
+      out << "  (" << time_rank.size() - shown_ranks << " more ranks in time_model)\n";
+      break;
     }
-    const auto padded = values(log, "steps", "padded_tokens");
-    const auto pieces = values(log, "steps", "accumulation");
-    const auto reduce = values(log, "steps", "allreduce_seconds");
-    const auto took = values(log, "steps", "step_seconds");
-    const double world = std::max(1.0, std::atof(log.attribute("world_size").c_str()));
-    std::vector<double> predicted, measured;
-    for (std::size_t s = 0; s < padded.size() && s < pieces.size() && s < took.size(); ++s) {
-      predicted.push_back(rate_sum / fitted * (fixed_sum / fitted * pieces[s] + padded[s] / world));
-      measured.push_back(took[s] - (s < reduce.size() ? reduce[s] : 0.0));
+    out << "  rank " << integer(time_rank[i]) << " (probed before step " << integer(time_step[i])
+        << "): ";
+    if (!(time_unit[i] > 0)) {
+      out << "no time fit (too little timed): the fewest micro-batches\n";
+      continue;
     }
-    if (!predicted.empty()) {
-      const auto median = [](std::vector<double> v) {
-        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-        return v[v.size() / 2];
-      };
-      out << "  a step's compute per rank, median: predicted " << number(median(predicted), "%.3f")
-          << " s, measured " << number(median(measured), "%.3f")
-          << " s (step less the all-reduce; the optimizer step is in the measured)\n";
-    }
+    const train::TimeFit fit{time_fixed[i], time_unit[i], std::max(time_square[i], 0.0)};
+    const data::PieceCost cost = fit.piece_cost();
+    out << fit.describe() << " per micro-batch, within " << number(time_error[i] * 100, "%.0f")
+        << "% of its probe's pieces; a micro-batch costs " << number(cost.fixed, "%.0f")
+        << " padded tokens' time";
+    if (cost.width > 0)
+      out << ", a padded token " << number(cost.width, "%.3g") << " more per unit of width";
+    out << "; budget " << integer(time_budget[i]) << " tokens\n";
+  }
+  const auto predicted = values(log, "steps", "predicted_compute_seconds");
+  const auto measured = values(log, "steps", "compute_seconds");
+  const auto retried = values(log, "steps", "oom_retries");
+  std::vector<double> p, m, ratio;
+  for (std::size_t s = 0; s < predicted.size() && s < measured.size(); ++s) {
+    if (!(predicted[s] > 0) || !(measured[s] > 0) || (s < retried.size() && retried[s] > 0))
+      continue;
+    p.push_back(predicted[s]);
+    m.push_back(measured[s]);
+    ratio.push_back(measured[s] / predicted[s]);
+  }
+  if (!p.empty()) {
+    std::vector<double> sorted = ratio;
+    std::sort(sorted.begin(), sorted.end());
+    out << "  rank 0's compute per step, median over " << p.size() << " steps: predicted "
+        << number(median(p), "%.3f") << " s, measured " << number(median(m), "%.3f")
+        << " s; measured / predicted " << number(median(ratio), "%.2f") << " (from "
+        << number(sorted.front(), "%.2f") << " to " << number(sorted.back(), "%.2f") << ")\n";
   }
 
   out << "\nOOM events: " << oom_step.size() << "\n";

@@ -54,6 +54,7 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
                                         c.shares_after.size() + c.shares_followed.size());
   for (const auto& m : c.memory_models)  // 4 doubles a point, 3 a rank
     data += 8 * static_cast<std::int64_t>(m.points.size() / 3 * 4 + 3);
+  data += 8 * 3 * static_cast<std::int64_t>(c.time_fits.size());
   std::int64_t longest = 0;  // the name lists are fixed-width strings
   for (const auto* list : {&c.params, &c.buffers})
     for (const auto& named : *list)
@@ -111,6 +112,7 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
     write_integers(file, "shares_after", c.shares_after, sums);
     write_integers(file, "shares_followed", c.shares_followed, sums);
     write_memory_models(file, c.memory_models, sums);
+    write_time_fits(file, c.time_fits, sums);
     file.write_attribute("params_names", param_names);
     file.write_attribute("buffers_names", buffer_names);
     file.write_attribute("format", std::string(kFormat));
@@ -189,7 +191,8 @@ Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
     c.shares = read_integers(file, "shares", verifier);
     c.shares_after = read_integers(file, "shares_after", verifier);
     c.shares_followed = read_integers(file, "shares_followed", verifier);
-    c.memory_models = read_memory_models(file, verifier);
+    c.memory_models = read_memory_models(file, verifier, c.time_fits);
+    read_time_fits(file, verifier, c.time_fits);
     c.world_size = file.read_int_attribute("world_size");
     c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
     if (file.has_attribute("loss_scale")) {

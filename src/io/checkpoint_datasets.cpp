@@ -144,8 +144,8 @@ void write_bytes(hdf5::File& file, const std::string& name, const std::string& b
   sums.store(dataset, bytes.data(), bytes.size());
 }
 
-// memory_model/points [n, 4] and memory_model/ranks [W, 5], float64 (see Checkpoint; older
-// checkpoints' ranks are [W, 3]).
+// memory_model/points [n, 4] and memory_model/ranks [W, 3], float64 (see Checkpoint; some
+// older checkpoints' ranks are [W, 5]).
 void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryModelRecord>& m,
                          const WrittenSums& sums) {
   if (m.empty()) return;
@@ -154,21 +154,47 @@ void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryM
     for (std::size_t i = 0; i + 3 <= m[r].points.size(); i += 3)
       points.insert(points.end(), {static_cast<double>(r), m[r].points[i], m[r].points[i + 1],
                                    m[r].points[i + 2]});
-    ranks.insert(ranks.end(), {m[r].failed_units, m[r].base, m[r].width_ratio, m[r].cost_fixed,
-                               m[r].seconds_per_token});
+    ranks.insert(ranks.end(), {m[r].failed_units, m[r].base, m[r].width_ratio});
   }
   const auto rows = static_cast<std::int64_t>(points.size() / 4);
   auto p = file.create_dataset("memory_model/points", hdf5::DType::kFloat64, {rows, 4});
   if (rows > 0) p.write_rows(0, rows, hdf5::DType::kFloat64, points.data());
   sums.store(p, points.data(), points.size() * 8);
   const auto world = static_cast<std::int64_t>(m.size());
-  auto r = file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 5});
+  auto r = file.create_dataset("memory_model/ranks", hdf5::DType::kFloat64, {world, 3});
   r.write_rows(0, world, hdf5::DType::kFloat64, ranks.data());
   sums.store(r, ranks.data(), ranks.size() * 8);
 }
 
-std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
-                                                              Verifier& verifier) {
+void write_time_fits(hdf5::File& file, const std::vector<Checkpoint::TimeFitRecord>& fits,
+                     const WrittenSums& sums) {
+  if (fits.empty()) return;
+  std::vector<double> values;
+  for (const auto& f : fits)
+    values.insert(values.end(), {f.fixed, f.per_unit, f.per_square});
+  const auto world = static_cast<std::int64_t>(fits.size());
+  auto d = file.create_dataset("time_model/ranks", hdf5::DType::kFloat64, {world, 3});
+  d.write_rows(0, world, hdf5::DType::kFloat64, values.data());
+  sums.store(d, values.data(), values.size() * 8);
+}
+
+void read_time_fits(hdf5::File& file, Verifier& verifier,
+                    std::vector<Checkpoint::TimeFitRecord>& time_fits) {
+  if (!file.has_dataset("time_model/ranks")) return;
+  auto d = file.dataset("time_model/ranks");
+  const auto shape = d.shape();
+  if (shape.size() != 2 || shape[1] != 3)
+    throw InputError("its time_model/ranks dataset does not have the shape [W, 3]");
+  std::vector<double> values(static_cast<std::size_t>(shape[0] * 3));
+  if (!values.empty()) d.read_rows(0, shape[0], hdf5::DType::kFloat64, values.data());
+  verifier.check(d, values.data(), values.size() * 8);
+  time_fits.assign(static_cast<std::size_t>(shape[0]), {});
+  for (std::size_t r = 0; r < time_fits.size(); ++r)
+    time_fits[r] = {values[3 * r], values[3 * r + 1], values[3 * r + 2]};
+}
+
+std::vector<Checkpoint::MemoryModelRecord> read_memory_models(
+    hdf5::File& file, Verifier& verifier, std::vector<Checkpoint::TimeFitRecord>& time_fits) {
   std::vector<Checkpoint::MemoryModelRecord> m;
   if (!file.has_dataset("memory_model/ranks") || !file.has_dataset("memory_model/points")) return m;
   auto ranks = file.dataset("memory_model/ranks");
@@ -176,7 +202,7 @@ std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
   const auto rank_shape = ranks.shape(), point_shape = points.shape();
   if (rank_shape.size() != 2 || (rank_shape[1] != 3 && rank_shape[1] != 5) ||
       point_shape.size() != 2 || point_shape[1] != 4)
-    throw InputError("its memory_model datasets do not have the shapes [W, 5] and [n, 4]");
+    throw InputError("its memory_model datasets do not have the shapes [W, 3] and [n, 4]");
   const auto columns = static_cast<std::size_t>(rank_shape[1]);
   std::vector<double> r(static_cast<std::size_t>(rank_shape[0]) * columns),
       p(static_cast<std::size_t>(point_shape[0] * 4));
@@ -188,9 +214,9 @@ std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file,
   for (std::size_t i = 0; i < m.size(); ++i) {
     const double* row = r.data() + columns * i;
     m[i] = Checkpoint::MemoryModelRecord{{}, row[0], row[1], row[2]};
-    if (columns == 5) {
-      m[i].cost_fixed = row[3];
-      m[i].seconds_per_token = row[4];
+    if (columns == 5) {  // schema 13's fixed cost in padded tokens and seconds per padded token
+      time_fits.resize(m.size());
+      if (row[4] > 0) time_fits[i] = Checkpoint::TimeFitRecord{row[3] * row[4], row[4], 0};
     }
   }
   for (std::size_t i = 0; i + 4 <= p.size(); i += 4) {

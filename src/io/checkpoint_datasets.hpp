@@ -146,7 +146,15 @@ void write_bytes(hdf5::File& file, const std::string& name, const std::string& b
 std::string read_bytes(hdf5::File& file, const std::string& name, Verifier& verifier);
 void write_memory_models(hdf5::File& file, const std::vector<Checkpoint::MemoryModelRecord>& m,
                          const WrittenSums& sums);
-std::vector<Checkpoint::MemoryModelRecord> read_memory_models(hdf5::File& file, Verifier& verifier);
+// `time_fits`: filled from a schema 13 checkpoint's [W, 5] ranks (untouched otherwise).
+std::vector<Checkpoint::MemoryModelRecord> read_memory_models(
+    hdf5::File& file, Verifier& verifier, std::vector<Checkpoint::TimeFitRecord>& time_fits);
+// time_model/ranks [W, 3], float64 (see Checkpoint): written when not empty; read when present
+// (otherwise `time_fits` is left as it was).
+void write_time_fits(hdf5::File& file, const std::vector<Checkpoint::TimeFitRecord>& fits,
+                     const WrittenSums& sums);
+void read_time_fits(hdf5::File& file, Verifier& verifier,
+                    std::vector<Checkpoint::TimeFitRecord>& time_fits);
 // LibTorch's optimizer archive at optimizer/state (as autoaccum wrote it before per-parameter
 // state): its size, and the dataset.
 std::int64_t optimizer_size(const Checkpoint& c);

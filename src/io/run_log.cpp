@@ -49,6 +49,8 @@ const std::vector<Field<StepRow>>& step_fields() {
       {"data_cpu_seconds", &StepRow::data_cpu_seconds},
       {"tokens", &StepRow::tokens},
       {"padded_tokens", &StepRow::padded_tokens},
+      {"compute_seconds", &StepRow::compute_seconds},
+      {"predicted_compute_seconds", &StepRow::predicted_compute_seconds},
       {"accumulation_max", &StepRow::accumulation_max},
       {"accumulation_max_rank", &StepRow::accumulation_max_rank}};
   return fields;
@@ -103,9 +105,23 @@ const std::vector<Field<MemoryModelRow>>& memory_model_fields() {
       {"predicted", &MemoryModelRow::predicted},
       {"micro_batch", &MemoryModelRow::micro_batch},
       {"probe_attempts", &MemoryModelRow::probe_attempts},
-      {"probe_seconds", &MemoryModelRow::probe_seconds},
-      {"cost_fixed", &MemoryModelRow::cost_fixed},
-      {"seconds_per_token", &MemoryModelRow::seconds_per_token}};
+      {"probe_seconds", &MemoryModelRow::probe_seconds}};
+  return fields;
+}
+
+const std::vector<Field<TimeModelRow>>& time_model_fields() {
+  static const std::vector<Field<TimeModelRow>> fields = {
+      {"step", &TimeModelRow::step},
+      {"rank", &TimeModelRow::rank},
+      {"fixed_seconds", &TimeModelRow::fixed_seconds},
+      {"seconds_per_token", &TimeModelRow::seconds_per_token},
+      {"seconds_per_square", &TimeModelRow::seconds_per_square},
+      {"cost_fixed", &TimeModelRow::cost_fixed},
+      {"cost_width", &TimeModelRow::cost_width},
+      {"micro_batch", &TimeModelRow::micro_batch},
+      {"fit_error", &TimeModelRow::fit_error},
+      {"probe_attempts", &TimeModelRow::probe_attempts},
+      {"probe_seconds", &TimeModelRow::probe_seconds}};
   return fields;
 }
 
@@ -131,6 +147,7 @@ const std::vector<std::pair<std::string, std::vector<ColumnSpec>>>& specs() {
       {"resumes", columns_of(resume_fields())},
       {"rank_sizes", columns_of(rank_size_fields())},
       {"memory_model", columns_of(memory_model_fields())},
+      {"time_model", columns_of(time_model_fields())},
       {"checkpoints", columns_of(checkpoint_fields())},
   };
   return all;
@@ -260,6 +277,7 @@ RunLogWriter RunLogWriter::append(const std::string& path, std::int64_t resume_s
   writer.resumes_ = rows_of(existing, "resumes", resume_fields());
   writer.rank_sizes_ = rows_of(existing, "rank_sizes", rank_size_fields());
   writer.memory_models_ = rows_of(existing, "memory_model", memory_model_fields());
+  writer.time_models_ = rows_of(existing, "time_model", time_model_fields());
   // The previous run went on past its last checkpoint; this one computes those steps again.
   const auto later = [&](const auto& row) { return row.step >= resume_step; };
   const auto dropped = std::count_if(writer.steps_.begin(), writer.steps_.end(), later);
@@ -342,6 +360,7 @@ void RunLogWriter::write(const std::string& status, const std::string& message) 
     write_group(file, "resumes", resume_fields(), resumes_);
     write_group(file, "rank_sizes", rank_size_fields(), rank_sizes_);
     write_group(file, "memory_model", memory_model_fields(), memory_models_);
+    write_group(file, "time_model", time_model_fields(), time_models_);
     // A rank's node-local rank is its place among the ranks on its host, as MPI's
     // MPI_COMM_TYPE_SHARED split numbers them (by world rank).
     std::vector<std::int64_t> ranks, local_ranks;

@@ -33,6 +33,7 @@
 #include "autoaccum/train/sizing/balance.hpp"
 #include "autoaccum/train/sizing/memory_model.hpp"
 #include "autoaccum/train/sizing/micro_batch.hpp"
+#include "autoaccum/train/sizing/time_model.hpp"
 #include "autoaccum/train/step/loss_scale.hpp"
 #include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/step/schedule.hpp"
@@ -140,6 +141,10 @@ struct Trainer::State {
     // --dry-run probes whenever it can: what fits is all it reports.
     predict_pending = ((options.predict_micro_batch && !fixed_size) || options.dry_run) &&
                       limits_known() && resumed.empty();
+    // --micro-batch-cost auto: the time probe after it, whatever the budget (a resume on the same
+    // ranks takes the fits from its checkpoint instead: restore clears this).
+    time_pending = documents() && !options.dry_run &&
+                   options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto;
     micro_batches = std::make_unique<RankMicroBatches>(world, size_cap, fixed_size, resumed,
                                                        options.refine_micro_batch,
                                                        options.micro_batch_per_rank, size_floor);
@@ -167,20 +172,26 @@ struct Trainer::State {
     const auto i = static_cast<std::size_t>(r);
     return i < width_costs.size() ? width_costs[i] : data::WidthCost{};
   }
-  // Documents: what a micro-batch is predicted to take on each rank (--micro-batch-cost auto: from
-  // the probe's timings; a resume on the same ranks takes it from the checkpoint), and the
-  // seconds per padded token of that fit (-1: none). nullopt: the fewest pieces.
-  std::vector<std::optional<data::PieceCost>> piece_costs;
-  std::vector<double> seconds_per_token;
+  // Documents, --micro-batch-cost auto: what a micro-batch takes to compute on each rank, fitted
+  // by the time probe (probe_time; a resume on the same ranks takes it from the checkpoint), so
+  // that every rank's share is cut by predicted time. nullopt: none (the fewest pieces).
+  std::vector<std::optional<TimeFit>> time_fits;
+  bool time_pending = false;  // the time probe is still to run before the first step
+  void probe_time(const data::Batch& slab);
+  std::optional<TimeFit> time_fit(int r) const {
+    const auto i = static_cast<std::size_t>(r);
+    return i < time_fits.size() ? time_fits[i] : std::nullopt;
+  }
   std::optional<data::PieceCost> piece_cost(int r) const {
     if (!documents()) return std::nullopt;
     if (options.micro_batch_cost == TrainOptions::MicroBatchCost::kGiven)
       return data::PieceCost{options.cost_fixed, options.cost_width};
-    const auto i = static_cast<std::size_t>(r);
-    if (options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto && i < piece_costs.size())
-      return piece_costs[i];
+    if (options.micro_batch_cost != TrainOptions::MicroBatchCost::kAuto) return std::nullopt;
+    if (const auto fit = time_fit(r)) return fit->piece_cost();
     return std::nullopt;
   }
+  // This rank's last attempt: the compute its time fit predicted for its cut (0: no fit).
+  double predicted_compute = 0;
   // How documents are cut, for the banner and the run log: "by fewest pieces", "by predicted
   // time (auto: ...)", "by predicted time (fixed=F,width=X)"; rows: "".
   std::string micro_batch_cost_text() const;
@@ -264,10 +275,10 @@ struct Trainer::State {
     std::vector<std::int64_t> tokens;   // document data: each rank's tokens; empty for rows
   };
   StepSplit split_of(std::int64_t global_step) const;
-  // A probe (probe_memory) runs one micro-batch of the attempt's plan, and always rolls back:
-  // the first (rows, or the widest documents), or documents at a narrow width (data::narrow_piece;
-  // nothing when the share has none), or (--micro-batch-cost auto) one short document alone, timed
-  // and kept out of the memory model (data::short_piece).
+  // A probe (probe_memory, probe_time) runs one micro-batch of the attempt's plan, and always
+  // rolls back: the first (rows, or documents padded to the data's longest width), or documents
+  // at a narrow width (data::narrow_piece; nothing when the share has none), or one short document
+  // alone, kept out of the memory model (data::short_piece).
   enum class ProbePiece { kNone, kFirstPiece, kNarrowPiece, kShortPiece };
   StepOutcome attempt(const data::Batch& slab, std::int64_t m,
                       ProbePiece probe = ProbePiece::kNone);

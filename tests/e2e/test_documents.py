@@ -357,22 +357,38 @@ class Documents(TempDirTest):
                             (fewest_padded - f["steps/tokens"][:]).sum())
         self.assertTrue((given_padded <= fewest_padded).all())
         self.assertGreater(given_pieces.sum(), fewest_pieces_run.sum())
-        # Fitted: every rank's cost from the probe, in the run log and the checkpoint.
+        # Fitted: every rank's compute time from the time probe, in the run log and the checkpoint.
         r, log, checkpoint = self.train(2, "auto", "--micro-batch-cost", "auto", *limit,
                                         "--checkpoint-every", 2, steps=4)
-        self.assertIn("micro-batch cost: rank 0:", r.stdout)
+        self.assertIn("time model: rank 0:", r.stdout)
         with h5py.File(log, "r") as f:
-            fixed = f["memory_model/cost_fixed"][:]
-            rate = f["memory_model/seconds_per_token"][:]
-        self.assertEqual(len(fixed), 2)
-        self.assertTrue((fixed >= 0).all() and (rate > 0).all(), (fixed, rate))
+            fit = np.stack([f[f"time_model/{c}"][:] for c in
+                            ("fixed_seconds", "seconds_per_token", "seconds_per_square")], 1)
+            cost_fixed, cost_width = f["time_model/cost_fixed"][:], f["time_model/cost_width"][:]
+            predicted = f["steps/predicted_compute_seconds"][:]
+            measured = f["steps/compute_seconds"][:]
+        self.assertEqual(fit.shape, (2, 3))
+        self.assertTrue((fit >= 0).all() and (fit[:, 1] > 0).all(), fit)
+        # The planner's units: a micro-batch's fixed time and the width term per padded token.
+        np.testing.assert_allclose(cost_fixed, fit[:, 0] / fit[:, 1], rtol=1e-12)
+        np.testing.assert_allclose(cost_width, fit[:, 2] / fit[:, 1], rtol=1e-12)
+        self.assertTrue((predicted > 0).all() and (measured > 0).all(), (predicted, measured))
         with h5py.File(checkpoint, "r") as f:
-            ranks = f["memory_model/ranks"][:]
-        np.testing.assert_array_equal(ranks[:, 3], fixed)
+            np.testing.assert_array_equal(f["time_model/ranks"][:], fit)
         self.assert_equals_reference(checkpoint, steps=4)
         summary = autoaccum(1, "log", log)
-        self.assertIn("padded tokens per micro-batch", summary.stdout)
-        self.assertIn("a step's compute per rank, median: predicted", summary.stdout)
+        self.assertIn("padded tokens' time", summary.stdout)
+        self.assertIn("rank 0's compute per step, median over", summary.stdout)
+        # At a fixed budget without a limit the time probe still fits (no memory probe to ride on).
+        r, _, other = self.train(2, "fixed-timed", "--micro-batch-cost", "auto",
+                                 "--micro-batch-tokens", 90)
+        self.assertIn("time model: rank 1:", r.stdout)
+        self.assertIn("cuts its 90-token budget by predicted time", r.stdout)
+        self.assert_equals_reference(other)
+        # With the optimizer state sharded: the cut comes before the reduction, the result alike.
+        _, _, other = self.train(2, "sharded-timed", "--micro-batch-cost", "auto",
+                                 "--shard", "optimizer", *limit)
+        self.assert_equals_reference(other)
         # Resumed from its step-2 checkpoint: the same cuts, the same bits as the whole run.
         resumed = self.path("auto-resumed.ckpt.h5")
         shutil.copy(older_checkpoint(checkpoint, 2), resumed)
@@ -381,7 +397,7 @@ class Documents(TempDirTest):
                       "--steps", 4, "--micro-batch-cost", "auto", *limit, "--checkpoint",
                       resumed, "--resume", timeout=120)
         self.assertEqual(r.returncode, 0, r)
-        self.assertNotIn("micro-batch cost: rank", r.stdout)  # not fitted again
+        self.assertNotIn("time model: rank", r.stdout)  # not fitted again
         a, b = um.checkpoint_tensors(checkpoint)[0], um.checkpoint_tensors(resumed)[0]
         for name in a:
             self.assertTrue(np.array_equal(a[name], b[name]), name)

@@ -152,6 +152,29 @@ TEST(Checkpoint, MemoryModelsRoundTripPerRankAndOlderFilesHaveNone) {
   std::remove(older_checkpoint_path(path, 0).c_str());
 }
 
+TEST(Checkpoint, TimeFitsRoundTripEveryBitAndARankWithoutOneStaysWithout) {
+  const std::string path = "/tmp/autoaccum-unit-time-" + std::to_string(::getpid()) + ".h5";
+  Checkpoint c;
+  c.params = {{"w", torch::ones({2})}};
+  c.world_size = 3;
+  // Rank 1 fitted nothing (-1 everywhere); the others keep every bit (float64).
+  c.time_fits = {{4.5e-3 / 3, 23e-6 / 7, 0.14e-6 / 11}, {}, {1.0 / 3, 2.0 / 3, 0}};
+  write_checkpoint(path, c);
+  const Checkpoint back = read_checkpoint(path);
+  ASSERT_EQ(back.time_fits.size(), 3u);
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(back.time_fits[r].fixed, c.time_fits[r].fixed) << "rank " << r;
+    EXPECT_EQ(back.time_fits[r].per_unit, c.time_fits[r].per_unit) << "rank " << r;
+    EXPECT_EQ(back.time_fits[r].per_square, c.time_fits[r].per_square) << "rank " << r;
+  }
+  EXPECT_LT(back.time_fits[1].per_unit, 0);
+  c.time_fits.clear();  // documents cut by the fewest pieces, or rows
+  write_checkpoint(path, c);
+  EXPECT_TRUE(read_checkpoint(path).time_fits.empty());
+  std::remove(path.c_str());
+  std::remove(older_checkpoint_path(path, 0).c_str());
+}
+
 TEST(Checkpoint, PerRankSizesAndSharesRoundTripAndAnAbsentListReadsEmpty) {
   const std::string path = "/tmp/autoaccum-unit-shares-" + std::to_string(::getpid()) + ".h5";
   Checkpoint c;

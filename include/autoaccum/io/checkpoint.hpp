@@ -86,18 +86,26 @@ struct Checkpoint {
   // Each rank's memory model (--micro-batch-search predict), so a resumed run predicts and cuts
   // documents as the interrupted one would have: memory_model/points, rows of (rank, units,
   // square, peak bytes); memory_model/ranks, a row per rank of (smallest size that ran out,
-  // base bytes, documents' width-cost ratio, a micro-batch's fitted fixed cost in padded tokens
-  // and seconds per padded token: -1 when none; older checkpoints have the first three only).
-  // Empty: none recorded (older checkpoints, fixed micro-batches).
+  // base bytes, documents' width-cost ratio). Empty: none recorded (older checkpoints, fixed
+  // micro-batches).
   struct MemoryModelRecord {
     std::vector<double> points;  // (units, square, peak) per point
     double failed_units = 0;
     double base = 0;
     double width_ratio = 0;
-    double cost_fixed = -1;
-    double seconds_per_token = -1;
   };
   std::vector<MemoryModelRecord> memory_models;
+  // Documents, --micro-batch-cost auto: each rank's time fit (train::TimeFit), so a resumed run
+  // cuts as the interrupted one would have: time_model/ranks, a row per rank of (fixed, per padded
+  // token, per row x width^2) seconds, -1 in all three for a rank without one. Empty: none. (The
+  // checkpoints of schema 13's runs kept (fixed in padded tokens, seconds per padded token) as
+  // memory_model/ranks' columns 4 and 5: read as a fit without a width term.)
+  struct TimeFitRecord {
+    double fixed = -1;
+    double per_unit = -1;
+    double per_square = -1;
+  };
+  std::vector<TimeFitRecord> time_fits;
   // Each rank's fingerprint of its parameters when the checkpoint was written (hex), at
   // replica_fingerprints: all equal unless the replicas drifted apart; empty in older ones.
   std::vector<std::string> replica_fingerprints;

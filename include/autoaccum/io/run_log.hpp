@@ -17,7 +17,9 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 9: the `checkpoints` group (every checkpoint written: its step, bytes and seconds).
 // 10: `steps/accumulation_max` and `steps/accumulation_max_rank` (every rank's micro-batches).
 // 11: `resumes/skipped_checkpoints`, root attributes `resume_checkpoints` and `resume_skipped`.
-inline constexpr std::int64_t kRunLogSchemaVersion = 13;
+// 14: the `time_model` group (--micro-batch-cost auto), replacing 13's `memory_model/cost_fixed`
+//     and `seconds_per_token`; `steps/compute_seconds` and `steps/predicted_compute_seconds`.
+inline constexpr std::int64_t kRunLogSchemaVersion = 14;
 
 struct StepRow {
   std::int64_t step = 0;
@@ -45,6 +47,10 @@ struct StepRow {
   // padding (every rank's micro-batches, rows x longest); 0 for row data.
   std::int64_t tokens = 0;
   std::int64_t padded_tokens = 0;
+  // Rank 0's time computing its micro-batches in the attempt that succeeded, and what its time
+  // fit predicted for them (--micro-batch-cost auto; 0 without a fit).
+  double compute_seconds = 0;
+  double predicted_compute_seconds = 0;
 };
 
 // Rank `rank` used micro-batch `micro_batch` on `rows` rows of the global batch from step `step`
@@ -81,10 +87,26 @@ struct MemoryModelRow {
   std::int64_t micro_batch = 0;
   std::int64_t probe_attempts = 0;
   double probe_seconds = 0;
-  // Documents, --micro-batch-cost auto (schema 13): the fitted fixed cost of a micro-batch in
-  // padded tokens and seconds per padded token; -1 when none was fitted.
-  double cost_fixed = -1;
+};
+
+// Documents, --micro-batch-cost auto: rank `rank`'s compute time per micro-batch, fitted by the
+// time probe before step `step` as fixed_seconds + seconds_per_token x padded tokens +
+// seconds_per_square x rows x width^2 (-1 in all three: no fit, the fewest pieces), the same
+// as the planner weighs it (`cost_fixed` padded tokens per micro-batch, each padded token
+// 1 + `cost_width` x its width), the budget it cut with, the fit's largest error relative to a
+// timed piece, and the probe's attempts and seconds.
+struct TimeModelRow {
+  std::int64_t step = 0;
+  std::int64_t rank = 0;
+  double fixed_seconds = -1;
   double seconds_per_token = -1;
+  double seconds_per_square = -1;
+  double cost_fixed = -1;
+  double cost_width = -1;
+  std::int64_t micro_batch = 0;
+  double fit_error = -1;
+  std::int64_t probe_attempts = 0;
+  double probe_seconds = 0;
 };
 
 struct EvalRow {
@@ -159,6 +181,7 @@ class RunLogWriter {
   void add(const CheckpointRow& row) { checkpoints_.push_back(row); }
   void add(const RankSizeRow& row) { rank_sizes_.push_back(row); }
   void add(const MemoryModelRow& row) { memory_models_.push_back(row); }
+  void add(const TimeModelRow& row) { time_models_.push_back(row); }
   void set_peak_bytes(std::vector<std::int64_t> per_rank) { peak_bytes_ = std::move(per_rank); }
   void set_final_micro_batch(std::int64_t m) { final_micro_batch_ = m; }
   std::size_t rows() const noexcept { return steps_.size() + ooms_.size() + evals_.size(); }
@@ -183,6 +206,7 @@ class RunLogWriter {
   std::vector<ResumeRow> resumes_;
   std::vector<RankSizeRow> rank_sizes_;
   std::vector<MemoryModelRow> memory_models_;
+  std::vector<TimeModelRow> time_models_;
   std::vector<std::int64_t> peak_bytes_;
   std::int64_t final_micro_batch_ = 0;
 };
@@ -197,7 +221,7 @@ struct RunLogData {
     std::vector<double> values;
   };
   // group -> columns in schema order ("steps", "oom", "eval", "ranks", "resumes",
-  // "rank_sizes", "memory_model", "checkpoints")
+  // "rank_sizes", "memory_model", "time_model", "checkpoints")
   std::map<std::string, std::vector<Column>> groups;
   std::vector<std::string> hostnames;
   const Column* column(const std::string& group, const std::string& name) const;

@@ -71,8 +71,27 @@ void RunLogObserver::on_prediction(const MemoryPrediction& event) {
     row.micro_batch = r.used;
     row.probe_attempts = event.probe_attempts;
     row.probe_seconds = event.seconds;
-    row.cost_fixed = r.cost_fixed;
-    row.seconds_per_token = r.seconds_per_token;
+    writer_.add(row);
+  }
+}
+
+void RunLogObserver::on_time_probe(const TimeProbe& event) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& r : event.ranks) {
+    io::TimeModelRow row;
+    row.step = event.step;
+    row.rank = r.rank;
+    if (r.fit) {
+      row.fixed_seconds = r.fit->fixed;
+      row.seconds_per_token = r.fit->per_unit;
+      row.seconds_per_square = r.fit->per_square;
+      row.cost_fixed = r.fit->piece_cost().fixed;
+      row.cost_width = r.fit->piece_cost().width;
+      row.fit_error = r.error;
+    }
+    row.micro_batch = r.budget;
+    row.probe_attempts = event.probe_attempts;
+    row.probe_seconds = event.seconds;
     writer_.add(row);
   }
 }
@@ -260,15 +279,36 @@ void ProgressObserver::on_prediction(const MemoryPrediction& event) {
   }
   if (event.ranks.size() > 4)
     std::cout << "memory model: the other ranks start where rank 0 does" << std::endl;
-  shown = 0;
-  for (const auto& r : event.ranks) {
-    if (r.cost_fixed < 0 || ++shown > 8) continue;
-    std::cout << "micro-batch cost: rank " << r.rank << ": " << std::lround(r.cost_fixed)
-              << " padded tokens per micro-batch, " << std::setprecision(3)
-              << r.seconds_per_token * 1e6 << " us per padded token (fitted from the probe); "
-              << "documents are cut by predicted time" << std::endl;
-  }
   std::cout << "memory model: probed with " << event.probe_attempts << " attempts in " << std::fixed
+            << std::setprecision(2) << event.seconds << " s" << std::endl;
+  std::cout.unsetf(std::ios::floatfield);
+}
+
+void ProgressObserver::on_time_probe(const TimeProbe& event) {
+  // One line per rank up to 4 ranks; beyond, rank 0's and the count of the others.
+  std::int64_t shown = 0, others_fitted = 0;
+  for (const auto& r : event.ranks) {
+    if (r.fit && r.rank != 0) ++others_fitted;
+    if (event.ranks.size() > 4 && r.rank != 0) continue;
+    if (++shown > 4) break;
+    std::cout << "time model: rank " << r.rank << ": ";
+    if (r.fit) {
+      const data::PieceCost cost = r.fit->piece_cost();
+      std::cout << r.fit->describe() << " per micro-batch (within " << std::lround(r.error * 100)
+                << "% of the probe's pieces): each costs " << std::lround(cost.fixed)
+                << " padded tokens' time";
+      if (cost.width > 0)
+        std::cout << ", a padded token at width " << event.widest << " " << std::setprecision(3)
+                  << 1 + cost.width * static_cast<double>(event.widest) << " tokens'";
+      std::cout << "; cuts its " << r.budget << "-token budget by predicted time" << std::endl;
+    } else {
+      std::cout << "too little timed to fit; cuts into the fewest micro-batches" << std::endl;
+    }
+  }
+  if (event.ranks.size() > 4)
+    std::cout << "time model: " << others_fitted << " of the other " << event.ranks.size() - 1
+              << " ranks fitted too" << std::endl;
+  std::cout << "time model: probed with " << event.probe_attempts << " attempts in " << std::fixed
             << std::setprecision(2) << event.seconds << " s" << std::endl;
   std::cout.unsetf(std::ios::floatfield);
 }

@@ -335,14 +335,17 @@ void Trainer::State::restore(const io::Checkpoint& c) {
       if (documents() && !fixed_size && options.token_cost_by_memory && m.width_ratio > 0)
         width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
     }
-    // --micro-batch-cost auto: the fitted costs too, so the resumed run cuts as this one did.
-    piece_costs.assign(static_cast<std::size_t>(world), std::nullopt);
-    seconds_per_token.assign(static_cast<std::size_t>(world), -1.0);
-    for (std::size_t r = 0; r < c.memory_models.size(); ++r) {
-      if (c.memory_models[r].cost_fixed < 0) continue;
-      piece_costs[r] = data::PieceCost{c.memory_models[r].cost_fixed, 0.0};
-      seconds_per_token[r] = c.memory_models[r].seconds_per_token;
+  }
+  // --micro-batch-cost auto: the time fits continue on the same ranks, so the resumed run cuts as
+  // the interrupted one did (no time probe); on another number of ranks they are probed again.
+  if (c.world_size == world && static_cast<int>(c.time_fits.size()) == world && documents() &&
+      options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto) {
+    time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
+    for (std::size_t r = 0; r < c.time_fits.size(); ++r) {
+      const auto& f = c.time_fits[r];
+      if (f.per_unit > 0) time_fits[r] = TimeFit{f.fixed, f.per_unit, f.per_square};
     }
+    time_pending = false;
   }
   // Balanced shares continue on the same ranks; on another number they start even again.
   const auto valid = [&](const std::vector<std::int64_t>& v) {
@@ -463,14 +466,13 @@ std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> gene
   }
   for (std::size_t r = 0; r < memory_models.size(); ++r) {
     const MemoryModel::Record m = memory_models[r].record();
-    io::Checkpoint::MemoryModelRecord record{m.points, m.failed_units, m.base,
-                                             width_cost(static_cast<int>(r)).ratio};
-    if (r < piece_costs.size() && piece_costs[r]) {
-      record.cost_fixed = piece_costs[r]->fixed;
-      record.seconds_per_token = r < seconds_per_token.size() ? seconds_per_token[r] : -1;
-    }
-    c.memory_models.push_back(record);
+    c.memory_models.push_back(
+        {m.points, m.failed_units, m.base, width_cost(static_cast<int>(r)).ratio});
   }
+  for (const auto& fit : time_fits)
+    c.time_fits.push_back(
+        fit ? io::Checkpoint::TimeFitRecord{fit->fixed, fit->per_unit, fit->per_square}
+            : io::Checkpoint::TimeFitRecord{});
   c.world_size = world;
   c.seed = options.seed;
   c.data = data_order;

@@ -245,7 +245,7 @@ std::string Trainer::State::micro_batch_cost_text() const {
     case TrainOptions::MicroBatchCost::kPieces:
       return "into the fewest micro-batches, then the least padding (--micro-batch-cost pieces)";
     case TrainOptions::MicroBatchCost::kAuto:
-      return "by predicted time, a micro-batch's cost fitted by the memory probe "
+      return "by predicted time, each rank's compute fitted by the time probe "
              "(--micro-batch-cost auto)";
     case TrainOptions::MicroBatchCost::kGiven: {
       std::ostringstream text;

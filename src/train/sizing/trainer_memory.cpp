@@ -86,7 +86,6 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
     std::int64_t failed = 0;  // the smallest probe size that ran out
     std::int64_t fitted = 0;  // the largest probe size that fitted
     int sizes_fitted = 0;     // how many probe sizes fitted
-    bool warm = false;        // --micro-batch-cost auto: the first size ran once untimed
   };
   // The first size: small enough to fit in the usual case (rows: a sixteenth of the share;
   // documents: the longest document alone, the budget's floor).
@@ -114,12 +113,6 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   const auto sizes_done = [&](Probe& p) { p.stage = narrow && p.sizes_fitted >= 2 ? 4 : 3; };
   std::int64_t attempts = 0;
   std::vector<int> nothing_fits;  // ranks whose smallest probe ran out
-  // --micro-batch-cost auto: each rank's (padded tokens, compute seconds) of the probe's pieces,
-  // all at the data's longest width (data::widen_piece). The first size runs twice: the first
-  // call of a graph also compiles and allocates, and would count as a micro-batch's fixed cost.
-  // Then one short document alone (data::short_piece), below.
-  const bool timed = documents() && options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto;
-  std::vector<std::vector<std::pair<double, double>>> timings(static_cast<std::size_t>(world));
   for (;;) {
     if (std::all_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage == 3; }))
       break;
@@ -144,13 +137,6 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
       const std::int64_t tried = size_of(p);
       const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
                                      r) != outcome.out_of_memory.end();
-      if (timed && !ran_out) {
-        if (p.stage == 0 && !p.warm) {
-          p.warm = true;  // the same size again, timed
-          continue;
-        }
-        timings[i].emplace_back(outcome.peak_shapes[i].units, outcome.compute_seconds[i]);
-      }
       if (ran_out) p.failed = p.failed > 0 ? std::min(p.failed, tried) : tried;
       if (!ran_out) {
         p.fitted = std::max(p.fitted, tried);
@@ -223,39 +209,6 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
     }
   }
 
-  // --micro-batch-cost auto: the wide pieces give each rank's seconds per padded token (the
-  // slope between the two sizes, or one size's mean), and one short document alone what a
-  // micro-batch costs beyond its tokens: fixed = (its seconds - slope x its tokens) / slope, in
-  // padded tokens (data::PieceCost). Small pieces are where a micro-batch's own cost shows (calls,
-  // small matrix products); the wide pieces' intercept is lost in their noise. No time measured:
-  // no model, the fewest pieces.
-  if (timed &&
-      std::none_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage != 3; })) {
-    const StepOutcome outcome = attempt(slab, size_floor, ProbePiece::kShortPiece);
-    ++attempts;
-    fail_if_refused(outcome);
-    piece_costs.assign(static_cast<std::size_t>(world), std::nullopt);
-    seconds_per_token.assign(static_cast<std::size_t>(world), -1.0);
-    for (std::size_t i = 0; i < timings.size() && !outcome.abandoned && !outcome.stop; ++i) {
-      auto t = timings[i];
-      if (t.empty() || std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
-                                 static_cast<int>(i)) != outcome.out_of_memory.end())
-        continue;
-      // A slope lost in the noise (a model so small that its time hardly grows with its tokens):
-      // the largest piece's seconds per token, which leaves the short piece mostly fixed cost.
-      std::sort(t.begin(), t.end());
-      double slope = t.back().second / t.back().first;
-      if (t.back().first > t.front().first && t.back().second > t.front().second)
-        slope = (t.back().second - t.front().second) / (t.back().first - t.front().first);
-      if (!(slope > 0) || !std::isfinite(slope)) continue;
-      const double units = outcome.peak_shapes[i].units;
-      const double fixed = std::clamp((outcome.compute_seconds[i] - slope * units) / slope, 0.0,
-                                      static_cast<double>(std::max(size_cap, size_floor)));
-      piece_costs[i] = data::PieceCost{fixed, 0.0};
-      seconds_per_token[i] = slope;
-    }
-  }
-
   // The prediction per rank; a rank with nothing to predict from keeps its whole share (or the
   // largest probe that fitted, when one ran out).
   std::vector<std::int64_t> sizes, failed;
@@ -279,10 +232,6 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
     line.predicted = predicted ? *predicted : -1;
     line.fitted = predicted.has_value();
     if (const auto fit = memory_models[i].fit()) line.fit = *fit;
-    if (i < piece_costs.size() && piece_costs[i]) {
-      line.cost_fixed = piece_costs[i]->fixed;
-      line.seconds_per_token = seconds_per_token[i];
-    }
     size = std::max(size, size_floor);
     if (!documents() && size < size_cap) {
       // As many micro-batches as the prediction needs, evened out: the same accumulation with

@@ -70,8 +70,8 @@ void request_stop() noexcept {
 // One attempt at the current batch with micro-batch m. Every rank returns the same outcome: it
 // comes from the reduced buffer. A failed attempt leaves buffers and random state as they were.
 //
-// A probe (probe_memory) runs only one micro-batch of size m (none when m is 0) and always rolls
-// back: it measures memory and changes nothing.
+// A probe (probe_memory, probe_time) runs only one micro-batch of size m (none when m is 0) and
+// always rolls back: it measures memory or time and changes nothing.
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe) {
   reducer->begin();
   const std::int64_t tried_before = largest_tried;
@@ -105,6 +105,11 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     report.pieces = static_cast<std::int64_t>(cut.pieces.size());
     report.tokens = cut.tokens;
     report.padded_tokens = cut.padded_tokens;
+    predicted_compute = 0;
+    if (const auto fit = time_fit(rank); fit && probe == ProbePiece::kNone) {
+      for (const data::MicroBatchPiece& piece : cut.pieces)
+        predicted_compute += fit->predict(piece_shape(piece));
+    }
     if (probe == ProbePiece::kShortPiece && !cut.pieces.empty()) {
       cut.pieces.assign(1, data::short_piece(slab, std::max<std::int64_t>(1, size_floor / 8)));
     } else if (probe != ProbePiece::kNone && !cut.pieces.empty()) {
@@ -222,7 +227,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   }
   // --balance splits by the time each rank computed: on a GPU, the kernels' time, not their
   // launches' (one wait per step, only when balancing).
-  if (context.use_cuda && options.balance && !out_of_memory) memory::synchronize_device();
+  // The compute time is what --balance weighs and what the time model fits and is checked by.
+  if (context.use_cuda && !out_of_memory &&
+      (options.balance || options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto))
+    memory::synchronize_device();
   report.out_of_memory = out_of_memory;
   report.phase = out_of_memory ? phase : AttemptPhase::kNone;
   report.peak_bytes = std::max(attempt_peak, memory::peak_bytes());
@@ -386,6 +394,7 @@ TrainResult Trainer::run_steps() {
     const data::Batch slab = prefetcher.next();
     const double data_wait = prefetcher.waited_seconds() - waited_before;
     s.probe_memory(slab);  // before the first step only (--micro-batch-search predict)
+    s.probe_time(slab);    // then, documents with --micro-batch-cost auto
     s.follow_shares();     // --balance throughput: automatic sizes follow changed shares
     if (o.dry_run) {
       s.report_dry_run();
@@ -488,6 +497,8 @@ TrainResult Trainer::run_steps() {
     row.accumulation_max_rank = static_cast<std::int64_t>(most - figures.accumulation.begin());
     row.tokens = step_tokens;
     row.padded_tokens = step_padded;
+    row.compute_seconds = outcome.compute_seconds.empty() ? 0.0 : outcome.compute_seconds.front();
+    row.predicted_compute_seconds = s.predicted_compute;  // rank 0's, which writes the log
     row.loss = outcome.loss;
     row.lr = lr;
     row.loss_scale = loss_scale;

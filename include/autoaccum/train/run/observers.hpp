@@ -11,6 +11,7 @@
 
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/train/sizing/memory_model.hpp"
+#include "autoaccum/train/sizing/time_model.hpp"
 
 namespace autoaccum::train {
 
@@ -45,10 +46,22 @@ struct MemoryPrediction {
     MemoryFit fit;               // when fitted
     std::int64_t predicted = 0;  // its largest size under the limit and margin (-1: none)
     std::int64_t used = 0;       // the size it starts at (scope global: the smallest)
-    // Documents, --micro-batch-cost auto: a micro-batch's fixed cost in padded tokens and the
-    // seconds per padded token, fitted from the probe's timings (-1: none).
-    double cost_fixed = -1;
-    double seconds_per_token = -1;
+  };
+  std::vector<Rank> ranks;
+};
+
+// The time probe's outcome (documents, --micro-batch-cost auto): every rank's fitted compute time
+// per micro-batch, which the planner cuts its documents by; every rank builds the same event.
+struct TimeProbe {
+  std::int64_t step = 0;
+  std::int64_t probe_attempts = 0;
+  double seconds = 0;       // the probe's time
+  std::int64_t widest = 0;  // the data's longest document
+  struct Rank {
+    int rank = 0;
+    std::optional<TimeFit> fit;  // none: too little timed (the fewest pieces)
+    std::int64_t budget = 0;     // the budget it cuts with
+    double error = -1;           // the fit's largest error relative to a timed piece
   };
   std::vector<Rank> ranks;
 };
@@ -87,6 +100,7 @@ class StepObserver {
   }
   virtual void on_eval(const EvalEvent&) {}
   virtual void on_prediction(const MemoryPrediction&) {}
+  virtual void on_time_probe(const TimeProbe&) {}
   // A checkpoint of the state after step `step` (1-based count of finished steps) was written.
   // A checkpoint was written after `step` steps: `bytes` in `seconds` (rank 0's; 0 elsewhere).
   virtual void on_checkpoint(std::int64_t step, std::int64_t bytes, double seconds) {
@@ -118,6 +132,7 @@ class RunLogObserver final : public StepObserver {
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
   void on_prediction(const MemoryPrediction& event) override;
+  void on_time_probe(const TimeProbe& event) override;
   void on_checkpoint(std::int64_t step, std::int64_t bytes, double seconds) override;
   void on_finish(const std::string& status, const std::string& message,
                  std::int64_t final_micro_batch) override;
@@ -146,6 +161,7 @@ class ProgressObserver final : public StepObserver {
   void on_step(const io::StepRow& row, const RankFigures& ranks) override;
   void on_eval(const EvalEvent& event) override;
   void on_prediction(const MemoryPrediction& event) override;
+  void on_time_probe(const TimeProbe& event) override;
   void on_message(const std::string& line) override;
 
  private:
