@@ -295,6 +295,8 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const auto time_budget = values(log, "time_model", "micro_batch");
   const auto time_error = values(log, "time_model", "fit_error");
   const auto time_step = values(log, "time_model", "step");
+  const auto time_at_budget = values(log, "time_model", "predicted_step_seconds");
+  const auto time_at_half = values(log, "time_model", "half_budget_step_seconds");
   const std::size_t shown_ranks = 8;
   for (std::size_t i = 0; i < time_rank.size() && i < time_unit.size(); ++i) {
     if (i == shown_ranks) {
@@ -314,7 +316,14 @@ void print_summary(const RunLogData& log, std::ostream& out) {
         << " padded tokens' time";
     if (cost.width > 0)
       out << ", a padded token " << number(cost.width, "%.3g") << " more per unit of width";
-    out << "; budget " << integer(time_budget[i]) << " tokens\n";
+    out << "; budget " << integer(time_budget[i]) << " tokens";
+    if (i < time_at_budget.size() && time_at_budget[i] > 0) {
+      out << ", predicted " << number(time_at_budget[i], "%.3f") << " s of compute per step";
+      if (i < time_at_half.size() && time_at_half[i] > 0)
+        out << " (" << number(time_at_half[i], "%.3f")
+            << " s at half the budget: a larger one never predicts slower)";
+    }
+    out << "\n";
   }
   const auto predicted = values(log, "steps", "predicted_compute_seconds");
   const auto measured = values(log, "steps", "compute_seconds");

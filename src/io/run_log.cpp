@@ -120,6 +120,8 @@ const std::vector<Field<TimeModelRow>>& time_model_fields() {
       {"cost_width", &TimeModelRow::cost_width},
       {"micro_batch", &TimeModelRow::micro_batch},
       {"fit_error", &TimeModelRow::fit_error},
+      {"predicted_step_seconds", &TimeModelRow::predicted_step_seconds},
+      {"half_budget_step_seconds", &TimeModelRow::half_budget_step_seconds},
       {"probe_attempts", &TimeModelRow::probe_attempts},
       {"probe_seconds", &TimeModelRow::probe_seconds}};
   return fields;

@@ -178,6 +178,7 @@ struct Trainer::State {
   std::vector<std::optional<TimeFit>> time_fits;
   bool time_pending = false;  // the time probe is still to run before the first step
   void probe_time(const data::Batch& slab);
+  void predict_steps(int r, TimeProbe::Rank& line) const;
   std::optional<TimeFit> time_fit(int r) const {
     const auto i = static_cast<std::size_t>(r);
     return i < time_fits.size() ? time_fits[i] : std::nullopt;

@@ -94,7 +94,8 @@ struct MemoryModelRow {
 // seconds_per_square x rows x width^2 (-1 in all three: no fit, the fewest pieces), the same
 // as the planner weighs it (`cost_fixed` padded tokens per micro-batch, each padded token
 // 1 + `cost_width` x its width), the budget it cut with, the fit's largest error relative to a
-// timed piece, and the probe's attempts and seconds.
+// timed piece, the compute per step it predicts over the first steps' shares at that budget and
+// at half of it (-1: none), and the probe's attempts and seconds.
 struct TimeModelRow {
   std::int64_t step = 0;
   std::int64_t rank = 0;
@@ -105,6 +106,8 @@ struct TimeModelRow {
   double cost_width = -1;
   std::int64_t micro_batch = 0;
   double fit_error = -1;
+  double predicted_step_seconds = -1;
+  double half_budget_step_seconds = -1;
   std::int64_t probe_attempts = 0;
   double probe_seconds = 0;
 };

@@ -88,6 +88,8 @@ void RunLogObserver::on_time_probe(const TimeProbe& event) {
       row.cost_fixed = r.fit->piece_cost().fixed;
       row.cost_width = r.fit->piece_cost().width;
       row.fit_error = r.error;
+      row.predicted_step_seconds = r.step_seconds;
+      row.half_budget_step_seconds = r.half_step_seconds;
     }
     row.micro_batch = r.budget;
     row.probe_attempts = event.probe_attempts;
@@ -300,7 +302,17 @@ void ProgressObserver::on_time_probe(const TimeProbe& event) {
       if (cost.width > 0)
         std::cout << ", a padded token at width " << event.widest << " " << std::setprecision(3)
                   << 1 + cost.width * static_cast<double>(event.widest) << " tokens'";
-      std::cout << "; cuts its " << r.budget << "-token budget by predicted time" << std::endl;
+      std::cout << "; cuts its " << r.budget << "-token budget by predicted time";
+      if (r.step_seconds > 0) {
+        std::cout << ", " << std::fixed << std::setprecision(3) << r.step_seconds
+                  << " s of compute per step";
+        if (r.half_step_seconds > 0)
+          std::cout << " (at half the budget " << r.half_step_seconds << " s, " << std::showpos
+                    << std::setprecision(1) << 100 * (r.half_step_seconds / r.step_seconds - 1)
+                    << "%" << std::noshowpos << ")";
+        std::cout.unsetf(std::ios::floatfield);
+      }
+      std::cout << std::endl;
     } else {
       std::cout << "too little timed to fit; cuts into the fewest micro-batches" << std::endl;
     }

@@ -13,6 +13,38 @@
 
 namespace autoaccum::train {
 
+// What rank r's fit predicts for its compute per step over the next steps' shares (at most 8),
+// cut under its budget and under half of it. Under a cost of a micro-batch plus its padded tokens
+// a larger budget never predicts slower (every cut a smaller budget allows, it allows too), so
+// an automatic budget stays the largest predicted to fit; the pair says by how much that pays.
+// From the documents' lengths alone, which every rank holds: every rank computes every rank's.
+void Trainer::State::predict_steps(int r, TimeProbe::Rank& line) const {
+  const auto& lengths = reader->schema().lengths;
+  const std::int64_t budget = micro_batches->current(r);
+  const auto i = static_cast<std::size_t>(r);
+  double at_budget = 0, at_half = 0;
+  const std::int64_t steps = std::min<std::int64_t>(8, total_steps - step);
+  for (std::int64_t s = step; s < step + steps; ++s) {
+    const StepSplit split = split_of(s);
+    const std::vector<std::int64_t> share(
+        lengths.begin() + split.batch.begin + split.offsets[i],
+        lengths.begin() + split.batch.begin + split.offsets[i + 1]);
+    const auto predict = [&](std::int64_t b) {
+      double seconds = 0;
+      for (const auto& piece :
+           data::plan_documents(share, b, width_cost(r), line.fit->piece_cost()).pieces)
+        seconds += line.fit->predict(piece_shape(piece));
+      return seconds;
+    };
+    at_budget += predict(budget);
+    if (budget / 2 >= size_floor) at_half += predict(budget / 2);
+  }
+  if (steps <= 0) return;
+  line.steps = steps;
+  line.step_seconds = at_budget / static_cast<double>(steps);
+  if (budget / 2 >= size_floor) line.half_step_seconds = at_half / static_cast<double>(steps);
+}
+
 // After the memory probe (or at a fixed budget), before the first step: each rank times pieces
 // of its own share at its budget, each rolled back like the memory probe's, in attempts every rank
 // joins (the timings travel in each attempt's own all-reduce, so every rank fits every rank's
@@ -91,6 +123,7 @@ void Trainer::State::probe_time(const data::Batch& slab) {
         line.error = std::max(line.error, std::abs(line.fit->predict(shape) / seconds - 1));
     }
     time_fits[i] = line.fit;
+    if (line.fit) predict_steps(r, line);
     event.ranks.push_back(line);
   }
   event.seconds = seconds_since(start);

@@ -62,6 +62,10 @@ struct TimeProbe {
     std::optional<TimeFit> fit;  // none: too little timed (the fewest pieces)
     std::int64_t budget = 0;     // the budget it cuts with
     double error = -1;           // the fit's largest error relative to a timed piece
+    // Its compute per step over the next steps' shares as the fit predicts it, cut under the
+    // budget and under half of it (-1: half would not hold the longest document).
+    double step_seconds = -1, half_step_seconds = -1;
+    std::int64_t steps = 0;  // the steps those are averaged over
   };
   std::vector<Rank> ranks;
 };
