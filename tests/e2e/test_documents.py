@@ -385,6 +385,18 @@ class Documents(TempDirTest):
         self.assertIn("time model: rank 1:", r.stdout)
         self.assertIn("cuts its 90-token budget by predicted time", r.stdout)
         self.assert_equals_reference(other)
+        # A time probe's piece that runs out of memory lowers the budget as a step's would; the
+        # rank fits at the lower budget and the run equals PyTorch.
+        r, log, other = self.train(2, "timed-oom", "--micro-batch-cost", "auto", *limit,
+                                   "--inject-oom", "rank=0,above=60")
+        self.assert_equals_reference(other)
+        with h5py.File(log, "r") as f:
+            self.assertGreater(len(f["oom/step"]), 0)
+            self.assertEqual(int(f["oom/step"][0]), 0)
+            lowered_to = int(f["oom/next_micro_batch"][0])
+            budgets = f["time_model/micro_batch"][:]
+            self.assertTrue((f["time_model/seconds_per_token"][:] > 0).all())
+        self.assertEqual(int(budgets[0]), lowered_to, budgets)
         # With the optimizer state sharded: the cut comes before the reduction, the result alike.
         _, _, other = self.train(2, "sharded-timed", "--micro-batch-cost", "auto",
                                  "--shard", "optimizer", *limit)

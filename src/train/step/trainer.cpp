@@ -194,8 +194,10 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
           throw Error("internal: autograd replaced a gradient view");
         checked_views = true;
       }
-      if (memory::peak_bytes() >= attempt_peak) {
-        attempt_peak = memory::peak_bytes();
+      // A probe's one piece is its shape whatever the peak (a short piece may peak below what
+      // the attempt held before it): the time probe fits to it.
+      if (memory::peak_bytes() >= attempt_peak || probe != ProbePiece::kNone) {
+        attempt_peak = std::max(attempt_peak, memory::peak_bytes());
         peak_shape = shape;
       }
     }
