@@ -71,6 +71,7 @@ mpirun --oversubscribe -np "$ranks" build/autoaccum train \
   --data data/hf-docs-train.h5 --val-data data/hf-docs-val.h5 --model-file "$model" \
   --global-batch 64 --steps "$steps" --optimizer adamw --lr 0.001 --weight-decay 0.01 \
   --schedule cosine --warmup-steps 50 --memory-limit 64MiB --eval-every 500 --log-every 100 \
+  --micro-batch-cost auto \
   --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
 build/autoaccum log "$log"
 "$hf" import --checkpoint "${log%.h5}.ckpt.h5" --model-file "$model" --out "${log%.h5}-trained"

@@ -49,6 +49,7 @@ if ((documents)); then
     --data data/text-docs-train.h5 --val-data data/text-docs-val.h5 --model-file "$model" \
     --global-batch 64 --steps "$steps" --optimizer adamw --lr 0.003 --weight-decay 0.01 \
     --schedule cosine --warmup-steps 50 --memory-limit 48MiB --eval-every 1000 --log-every 100 \
+    --micro-batch-cost auto \
     --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
   build/autoaccum log "$log"
   exit 0

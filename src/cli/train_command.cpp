@@ -333,8 +333,9 @@ Command train_command() {
       po::value<std::string>()->default_value("pieces")->value_name(
           "pieces|auto|fixed=F[,width=X]"),
       "document data: how each rank's documents are cut under its budget. pieces: the fewest "
-      "micro-batches, then the least padding; auto: the least predicted time, a micro-batch's "
-      "fixed cost fitted from the memory probe's timings; fixed=F[,width=X]: the least predicted "
+      "micro-batches, then the least padding (the same cuts on every fresh start); auto: the "
+      "least predicted time, each rank's compute per micro-batch fitted by a time probe before "
+      "the first step (kept in the checkpoint); fixed=F[,width=X]: the least predicted "
       "time with F padded tokens' worth of time per micro-batch and X more per padded token per "
       "unit of width (reproducible across fresh starts)");
   add("micro-batch-regrow", po::value<std::int64_t>()->value_name("N"),

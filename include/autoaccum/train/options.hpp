@@ -48,10 +48,10 @@ struct TrainOptions {
   bool token_cost_by_memory = false;
   // Document data: how a rank's documents are cut under its budget (--micro-batch-cost).
   // kPieces (the default): the fewest micro-batches, then the least padding. kAuto: the least
-  // predicted time, each rank's cost per micro-batch fitted from the memory probe's timings
-  // (data::PieceCost). kGiven: the least predicted time under `cost_fixed` padded tokens per
-  // micro-batch and `cost_width` per padded token per unit of width, the same on every rank
-  // (reproducible across fresh starts).
+  // predicted time, each rank's cost per micro-batch fitted by the time probe before the first
+  // step (train::TimeFit, data::PieceCost). kGiven: the least predicted time under `cost_fixed`
+  // padded tokens per micro-batch and `cost_width` per padded token per unit of width, the same on
+  // every rank (reproducible across fresh starts).
   enum class MicroBatchCost { kPieces, kAuto, kGiven };
   MicroBatchCost micro_batch_cost = MicroBatchCost::kPieces;
   double cost_fixed = 0;
