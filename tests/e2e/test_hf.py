@@ -180,6 +180,28 @@ class HuggingFace(TempDirTest):
         self.check_update("bert", "sequence-classification", "--inputs", "tokens,lengths",
                           "--targets", "label", labels=self.labels, data=self.labelled)
 
+    def test_traced_models_cut_by_predicted_time_equal_transformers_per_document(self):
+        # --micro-batch-cost auto: the time probe times the traced graphs (a causal LM on tokens,
+        # a classifier on tokens and lengths), fits each rank's cost and cuts by it; the cut
+        # changes which documents go together, never the update.
+        for arch, task, args, labels, data in (
+                ("llama", "causal-lm", (), None, None),
+                ("bert", "sequence-classification",
+                 ("--inputs", "tokens,lengths", "--targets", "label"), self.labels, self.labelled)):
+            with self.subTest(arch):
+                folder, exported = self.model(arch, 0)
+                r, log, checkpoint = self.train(f"{arch}-timed", exported, "--micro-batch-cost",
+                                                "auto", *args, data=data)
+                self.assertIn("time model: rank 1:", r.stdout)
+                self.assert_micro_batched(log)
+                with h5py.File(log, "r") as f:
+                    self.assertTrue((f["time_model/seconds_per_token"][:] > 0).all())
+                    self.assertTrue((f["steps/predicted_compute_seconds"][:] > 0).all())
+                initial = {n: p.detach().numpy().copy()
+                           for n, p in load(folder, task).named_parameters()}
+                ref = reference(folder, task, self.docs, 3, labels)
+                self.assertLess(update_distance(checkpoint, ref, initial), EXACT)
+
     def check_eval_with_dropout(self, arch, task, *args, data=None, val=None, labels=None):
         """Evaluation with dropout 0.1 follows eval mode: autoaccum's validation loss equals
         model.eval() of the imported folder on the same documents, and the exported file's
