@@ -3,7 +3,9 @@
 # folder (docs/models.md, "From Hugging Face"). Default: a GPT-2 architecture (4 layers x 128,
 # random weights, a byte-level BPE tokenizer of 1024 ids learnt from the corpus) on Debian's
 # fortunes, one document per fortune, 2 ranks under a memory limit with the automatic token
-# budget; then `hf.py import` writes runs/hf-<date>-trained/, which from_pretrained loads.
+# budget, with the settings of the Slurm job (jobs/configs/hf-fortunes.ini); then `hf.py import`
+# writes runs/hf-<date>-trained/, which from_pretrained loads. Ctrl-C or SIGTERM: a checkpoint,
+# then exit 4.
 #   ./jobs/hf.sh [--from FOLDER] [-n RANKS] [--steps N] [extra train options...]
 #       --from FOLDER   fine-tune a model you have on disk (save_pretrained's folder, with its
 #                       tokenizer); the fortunes are tokenized by its tokenizer
@@ -13,29 +15,25 @@
 #           --out runs/JOBID-trained
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source jobs/lib/common.sh
 
 ranks=2
-steps=2000
+steps=()
 prepare_only=0
 from=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
-    --steps) steps="$2"; shift 2 ;;
+    --steps) steps=(--steps "$2"); shift 2 ;;
     --prepare) prepare_only=1; shift ;;
     --from) from="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) print_help "$0"; exit 0 ;;
     *) break ;;
   esac
 done
 
-./jobs/setup.sh
+build_autoaccum
 ./jobs/models/hf-env.sh >/dev/null
-cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc 2>/dev/null || echo 2)" --target autoaccum
-if [[ $(id -u) -eq 0 ]]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
 hf=jobs/models/hf.py
 
 # The corpus as documents of bytes (what `autoaccum import text` writes); the model's tokenizer
@@ -67,12 +65,6 @@ if ((prepare_only)); then
 fi
 
 log="runs/hf-$(date +%Y%m%d-%H%M%S).h5"
-mpirun --oversubscribe -np "$ranks" build/autoaccum train \
-  --data data/hf-docs-train.h5 --val-data data/hf-docs-val.h5 --model-file "$model" \
-  --global-batch 64 --steps "$steps" --optimizer adamw --lr 0.001 --weight-decay 0.01 \
-  --schedule cosine --warmup-steps 50 --memory-limit 64MiB --eval-every 500 --log-every 100 \
-  --micro-batch-cost auto \
-  --run-log "$log" --checkpoint "${log%.h5}.ckpt.h5" "$@"
-build/autoaccum log "$log"
+train_locally "$ranks" "$log" --config jobs/configs/hf-fortunes.ini "${steps[@]}" "$@"
 "$hf" import --checkpoint "${log%.h5}.ckpt.h5" --model-file "$model" --out "${log%.h5}-trained"
 echo "hf: load it with transformers.AutoModelForCausalLM.from_pretrained('${log%.h5}-trained')"

@@ -22,7 +22,24 @@
 set -euo pipefail
 checkout=$(cd "$(dirname "$0")/../.." && pwd)
 root=${AUTOACCUM_DEBIAN13_ROOT:-/var/cache/autoaccum/debian13}
-mirror=${AUTOACCUM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive this machine's own apt uses (deb822 .sources or a one-line sources.list),
+# so that a machine behind a local mirror builds the root from it; AUTOACCUM_DEBIAN_MIRROR
+# overrides it, and Debian's redirector is the last resort.
+apt_mirror() {
+  local file uri
+  for file in /etc/apt/sources.list.d/*.sources; do
+    [[ -f $file ]] || continue
+    uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; ++i) if ($i !~ /security/) { print $i; exit } }' "$file")
+    [[ -n $uri ]] && { echo "${uri%/}"; return; }
+  done
+  for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f $file ]] || continue
+    uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; ++i) if ($i ~ /^[a-z]+:\/\//) { if ($i !~ /security/) { print $i; exit } break } }' "$file")
+    [[ -n $uri ]] && { echo "${uri%/}"; return; }
+  done
+  echo http://deb.debian.org/debian
+}
+mirror=${AUTOACCUM_DEBIAN_MIRROR:-$(apt_mirror)}
 say() { echo "debian13: $*"; }
 SECOND_PLATFORM='^(unit_|mpi_|gpu_|e2e\.(cli|data|faults|mixed_ranks'
 SECOND_PLATFORM+='|outputs|overlap|resume|checksums|shard|watchdog|precision|torchscript)\.|e2e\.multinode\.FourNodes\.'

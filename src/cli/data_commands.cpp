@@ -104,6 +104,108 @@ void verify_data_checksums(const hdf5::File& file, const std::string& path) {
   std::cout << "  checksums: verified (" << names << ")" << std::endl;
 }
 
+// Every dataset (type, shape, layout) and attribute of a file.
+void print_datasets_and_attributes(const hdf5::File& file, const std::string& path) {
+  std::cout << path << "\n  datasets:\n";
+  for (const auto& name : file.dataset_names()) {
+    const auto dataset = file.dataset(name);
+    std::ostringstream shape;
+    const auto dims = dataset.shape();
+    shape << "[";
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      shape << (i ? ", " : "") << dims[i];
+    shape << "]";
+    const auto chunk = dataset.chunk_rows();
+    std::cout << "    " << name << "  " << dataset.dtype_name() << "  " << shape.str() << "  "
+              << (chunk ? "chunked by " + std::to_string(chunk) + " rows"
+                        : std::string("contiguous"))
+              << (dataset.filtered() ? ", compressed (slower slab reads)" : "") << "\n";
+  }
+  std::cout << "  attributes:\n";
+  for (const auto& name : file.attribute_names()) {
+    std::cout << "    " << name << " = " << file.describe_attribute(name) << "\n";
+  }
+  std::cout.flush();
+}
+
+// What the model will receive from the file, per dataset (docs/data-format.md).
+void print_schema(const std::string& path, const std::string& input_list,
+                  const std::string& targets) {
+  const auto inputs = split_list(input_list);
+  data::SlabReader reader({path}, inputs, targets);
+  const auto& schema = reader.schema();
+  if (schema.documents) {
+    std::cout << "  valid document file: " << schema.describe_documents() << "\n";
+    std::istringstream fields(schema.describe());
+    std::string line;
+    std::getline(fields, line);  // the summary, printed above
+    while (std::getline(fields, line))
+      std::cout << "  " << line << "\n";
+    std::cout.flush();
+    return;
+  }
+  std::cout << "  valid training file: " << schema.rows << " rows, inputs " << input_list
+            << ", target " << schema.target().name;
+  if (schema.num_classes) std::cout << ", " << *schema.num_classes << " classes";
+  std::cout << std::endl;
+  for (std::size_t i = 0; i + 1 < schema.fields.size(); ++i) {
+    const auto& field = schema.fields[i];
+    const std::string meaning =
+        field.type == data::FieldType::kUInt8 ? "uint8 image, scaled to float32 in [0, 1] (x / 255)"
+        : field.type == data::FieldType::kInt64
+            ? field.stored_type + " token ids" +
+                  (field.stored_type == "uint8" ? " (encoding = integer)" : "") +
+                  ", passed unscaled as int64"
+            : "float32, passed as stored";
+    std::cout << "  input " << field.name << ": " << meaning << std::endl;
+  }
+  const auto& target = schema.target();
+  std::cout << "  target " << target.name << ": "
+            << (target.type != data::FieldType::kInt64 ? "float32 values (loss auto: mse)"
+                : target.row_shape.empty()
+                    ? "int64 class labels per row (loss auto: cross-entropy)"
+                    : "int64 token labels per position (loss auto: cross-entropy per token)")
+            << std::endl;
+}
+
+// import text: byte-level windows, or documents (--documents).
+void run_import_text(const po::variables_map& vm) {
+  data::TextOptions o;
+  o.out_dir = vm["out"].as<std::string>();
+  o.context = vm["context"].as<std::int64_t>();
+  o.sources = vm.count("files") ? vm["files"].as<std::vector<std::string>>()
+                                : std::vector<std::string>{"/usr/share/games/fortunes"};
+  if (vm.count("documents")) {
+    o.documents = vm["documents"].as<std::string>();
+    o.max_length = vm["max-length"].as<std::int64_t>();
+    const auto imported = data::import_text_documents(o);
+    for (const auto& path : imported.paths) {
+      data::SlabReader check({path}, {"tokens"}, "next");
+      std::cout << "wrote " << path << ": " << check.schema().describe_documents() << "\n";
+    }
+    std::cout << "read " << imported.bytes << " bytes (tokens uint8 bytes, offsets int64, "
+              << "target the next byte, 256 classes)" << std::endl;
+    return;
+  }
+  if (!vm["max-length"].defaulted())
+    throw UsageError("--max-length applies to import text --documents");
+  const auto imported = data::import_text(o);
+  std::cout << "read " << imported.bytes << " bytes; wrote " << imported.paths[0] << ": "
+            << imported.train_rows << " windows of " << o.context << " bytes, " << imported.paths[1]
+            << ": " << imported.val_rows << " (x int64 token ids, y the next byte, 256 classes)"
+            << std::endl;
+}
+
+void run_import_fashion_mnist(const po::variables_map& vm) {
+  const std::string source =
+      vm.count("source") ? vm["source"].as<std::string>() : "/usr/share/datasets/fashion-mnist";
+  for (const auto& path : data::import_fashion_mnist(source, vm["out"].as<std::string>())) {
+    data::SlabReader check({path}, {"x"}, "y");
+    std::cout << "wrote " << path << ": " << check.schema().rows << " rows, "
+              << *check.schema().num_classes << " classes" << std::endl;
+  }
+}
+
 }  // namespace
 
 Command import_command() {
@@ -136,43 +238,11 @@ Command import_command() {
   c.run = [](const po::variables_map& vm, comm::Communicator& world) {
     return on_root(world, [&] {
       const std::string dataset = vm["dataset"].as<std::string>();
-      if (dataset == "text") {
-        data::TextOptions o;
-        o.out_dir = vm["out"].as<std::string>();
-        o.context = vm["context"].as<std::int64_t>();
-        o.sources = vm.count("files") ? vm["files"].as<std::vector<std::string>>()
-                                      : std::vector<std::string>{"/usr/share/games/fortunes"};
-        if (vm.count("documents")) {
-          o.documents = vm["documents"].as<std::string>();
-          o.max_length = vm["max-length"].as<std::int64_t>();
-          const auto imported = data::import_text_documents(o);
-          for (const auto& path : imported.paths) {
-            data::SlabReader check({path}, {"tokens"}, "next");
-            std::cout << "wrote " << path << ": " << check.schema().describe_documents() << "\n";
-          }
-          std::cout << "read " << imported.bytes << " bytes (tokens uint8 bytes, offsets int64, "
-                    << "target the next byte, 256 classes)" << std::endl;
-          return;
-        }
-        if (!vm["max-length"].defaulted())
-          throw UsageError("--max-length applies to import text --documents");
-        const auto imported = data::import_text(o);
-        std::cout << "read " << imported.bytes << " bytes; wrote " << imported.paths[0] << ": "
-                  << imported.train_rows << " windows of " << o.context << " bytes, "
-                  << imported.paths[1] << ": " << imported.val_rows
-                  << " (x int64 token ids, y the next byte, 256 classes)" << std::endl;
-        return;
-      }
+      if (dataset == "text") return run_import_text(vm);
       if (dataset != "fashion-mnist") {
         throw UsageError("import: unknown data set '" + dataset + "' (known: fashion-mnist, text)");
       }
-      const std::string source =
-          vm.count("source") ? vm["source"].as<std::string>() : "/usr/share/datasets/fashion-mnist";
-      for (const auto& path : data::import_fashion_mnist(source, vm["out"].as<std::string>())) {
-        data::SlabReader check({path}, {"x"}, "y");
-        std::cout << "wrote " << path << ": " << check.schema().rows << " rows, "
-                  << *check.schema().num_classes << " classes" << std::endl;
-      }
+      run_import_fashion_mnist(vm);
     });
   };
   return c;
@@ -233,64 +303,9 @@ Command inspect_command() {
         inspect_checkpoint(path);
         return;
       }
-      std::cout << path << "\n  datasets:\n";
-      for (const auto& name : file.dataset_names()) {
-        const auto dataset = file.dataset(name);
-        std::ostringstream shape;
-        const auto dims = dataset.shape();
-        shape << "[";
-        for (std::size_t i = 0; i < dims.size(); ++i)
-          shape << (i ? ", " : "") << dims[i];
-        shape << "]";
-        const auto chunk = dataset.chunk_rows();
-        std::cout << "    " << name << "  " << dataset.dtype_name() << "  " << shape.str() << "  "
-                  << (chunk ? "chunked by " + std::to_string(chunk) + " rows"
-                            : std::string("contiguous"))
-                  << (dataset.filtered() ? ", compressed (slower slab reads)" : "") << "\n";
-      }
-      std::cout << "  attributes:\n";
-      for (const auto& name : file.attribute_names()) {
-        std::cout << "    " << name << " = " << file.describe_attribute(name) << "\n";
-      }
-      std::cout.flush();
+      print_datasets_and_attributes(file, path);
       verify_data_checksums(file, path);
-      const auto inputs = split_list(vm["inputs"].as<std::string>());
-      data::SlabReader reader({path}, inputs, vm["targets"].as<std::string>());
-      const auto& schema = reader.schema();
-      if (schema.documents) {
-        std::cout << "  valid document file: " << schema.describe_documents() << "\n";
-        std::istringstream fields(schema.describe());
-        std::string line;
-        std::getline(fields, line);  // the summary, printed above
-        while (std::getline(fields, line))
-          std::cout << "  " << line << "\n";
-        std::cout.flush();
-        return;
-      }
-      std::cout << "  valid training file: " << schema.rows << " rows, inputs "
-                << vm["inputs"].as<std::string>() << ", target " << schema.target().name;
-      if (schema.num_classes) std::cout << ", " << *schema.num_classes << " classes";
-      std::cout << std::endl;
-      // What the model will receive, per dataset (docs/data-format.md).
-      for (std::size_t i = 0; i + 1 < schema.fields.size(); ++i) {
-        const auto& field = schema.fields[i];
-        const std::string meaning =
-            field.type == data::FieldType::kUInt8
-                ? "uint8 image, scaled to float32 in [0, 1] (x / 255)"
-            : field.type == data::FieldType::kInt64
-                ? field.stored_type + " token ids" +
-                      (field.stored_type == "uint8" ? " (encoding = integer)" : "") +
-                      ", passed unscaled as int64"
-                : "float32, passed as stored";
-        std::cout << "  input " << field.name << ": " << meaning << std::endl;
-      }
-      const auto& target = schema.target();
-      std::cout << "  target " << target.name << ": "
-                << (target.type != data::FieldType::kInt64 ? "float32 values (loss auto: mse)"
-                    : target.row_shape.empty()
-                        ? "int64 class labels per row (loss auto: cross-entropy)"
-                        : "int64 token labels per position (loss auto: cross-entropy per token)")
-                << std::endl;
+      print_schema(path, vm["inputs"].as<std::string>(), vm["targets"].as<std::string>());
     });
   };
   return c;

@@ -75,10 +75,15 @@ double steady_throughput(const RunLogData& log) {
   return median(clean);
 }
 
-void print_summary(const RunLogData& log, std::ostream& out) {
+// Document data: sizes are budgets of padded tokens (schema 6).
+bool sizes_are_tokens(const RunLogData& log) {
+  return log.attribute("micro_batch_unit") == "tokens";
+}
+
+// The run: its status, ranks, batch, memory limit, precision, model and data.
+void print_run(const RunLogData& log, std::ostream& out) {
   const std::string status = log.attribute("status", "unknown");
-  // Document data: sizes are budgets of padded tokens (schema 6).
-  const bool tokens = log.attribute("micro_batch_unit") == "tokens";
+  const bool tokens = sizes_are_tokens(log);
   const std::string batch_tokens = log.attribute("global_batch_tokens", "0");
   const bool by_tokens = !batch_tokens.empty() && std::stod(batch_tokens) > 0;
   out << log.path << ": " << status << "\n";
@@ -96,6 +101,9 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   out << "  model " << log.attribute("model", "?") << ", optimizer "
       << log.attribute("optimizer", "?") << ", lr " << log.attribute("lr", "?") << ", data "
       << log.attribute("data", "?") << "\n";
+}
+
+void print_overlap(const RunLogData& log, std::ostream& out) {
   // --overlap: how the gradients travelled, and what of it the steps waited for.
   const std::string overlap = log.attribute("overlap");
   if (!overlap.empty() && log.attribute("world_size") != "1") {
@@ -110,6 +118,9 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     }
     out << "\n";
   }
+}
+
+void print_shard(const RunLogData& log, std::ostream& out) {
   // --shard (schema 12): each rank's fixed bytes (counted from the sizes: parameters, gradients,
   // optimizer state) as the run held them, against unsharded.
   const std::string counted = log.attribute("fixed_bytes_counted");
@@ -129,6 +140,10 @@ void print_summary(const RunLogData& log, std::ostream& out) {
           << " without sharding";
     out << "\n";
   }
+}
+
+// --precision fp16: the loss scale at the first and last step, and the steps it skipped.
+void print_loss_scale(const RunLogData& log, std::ostream& out) {
   if (log.attribute("precision") == "fp16") {
     const auto scale = values(log, "steps", "loss_scale");
     const auto skipped = values(log, "steps", "skipped");
@@ -140,6 +155,10 @@ void print_summary(const RunLogData& log, std::ostream& out) {
           << " step(s) skipped for overflow or non-finite values)\n";
     }
   }
+}
+
+// When it started, how, and each resume.
+void print_origin(const RunLogData& log, std::ostream& out) {
   out << "  started " << log.attribute("started_at") << ", updated "
       << log.attribute("updated_at", "-") << "\n";
   out << "  command: " << log.attribute("command_line") << "\n";
@@ -163,6 +182,9 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     if (i < resume_skipped.size() && !resume_skipped[i].empty())
       out << "    skipped: " << resume_skipped[i] << "\n";
   }
+}
+
+void print_checkpoints(const RunLogData& log, std::ostream& out) {
   // Checkpoints (schema 9): how many, the last, and what writing them cost.
   const auto saved_at = values(log, "checkpoints", "step");
   const auto saved_bytes = values(log, "checkpoints", "bytes");
@@ -176,7 +198,12 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     out << "  " << saved_at.size() << " checkpoint(s), the last after step "
         << integer(saved_at.back()) << ": " << line.str() << "\n";
   }
+}
 
+// The timeline's events in step order: OOM events grouped by (step, size), which ranks, what next
+// and the accumulation that followed; and the steps where the size grew (--micro-batch-search
+// refine).
+std::vector<std::string> timeline_events(const RunLogData& log) {
   const auto step = values(log, "steps", "step");
   const auto micro = values(log, "steps", "micro_batch");
   const auto accumulation = values(log, "steps", "accumulation");
@@ -184,17 +211,6 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const auto oom_rank = values(log, "oom", "rank");
   const auto oom_micro = values(log, "oom", "micro_batch");
   const auto oom_next = values(log, "oom", "next_micro_batch");
-
-  out << (tokens ? "\nToken budget timeline (padded tokens per micro-batch):\n"
-                 : "\nMicro-batch timeline:\n");
-  if (!micro.empty()) {
-    // The size the run started at: the first failed size when the first step had OOMs.
-    const bool first_failed = !oom_step.empty() && oom_step.front() == step.front();
-    out << "  step " << integer(step.front()) << ": started at "
-        << integer(first_failed ? oom_micro.front() : micro.front()) << "\n";
-  }
-  // OOM events grouped by (step, size): which ranks, what next, and the accumulation that
-  // followed; and the steps where the size grew (--micro-batch-search refine), in step order.
   std::vector<std::pair<std::pair<double, std::size_t>, std::string>> events;
   for (std::size_t k = 1; k < micro.size(); ++k) {
     if (micro[k] > micro[k - 1]) {
@@ -231,8 +247,30 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& event : events)
-    out << event.second;
+  std::vector<std::string> lines;
+  for (auto& event : events)
+    lines.push_back(std::move(event.second));
+  return lines;
+}
+
+// Where the micro-batch started, what changed it, where it ended, and every rank's micro-batches.
+void print_timeline(const RunLogData& log, std::ostream& out) {
+  const auto step = values(log, "steps", "step");
+  const auto micro = values(log, "steps", "micro_batch");
+  const auto accumulation = values(log, "steps", "accumulation");
+  const auto oom_step = values(log, "oom", "step");
+  const auto oom_micro = values(log, "oom", "micro_batch");
+
+  out << (sizes_are_tokens(log) ? "\nToken budget timeline (padded tokens per micro-batch):\n"
+                                : "\nMicro-batch timeline:\n");
+  if (!micro.empty()) {
+    // The size the run started at: the first failed size when the first step had OOMs.
+    const bool first_failed = !oom_step.empty() && oom_step.front() == step.front();
+    out << "  step " << integer(step.front()) << ": started at "
+        << integer(first_failed ? oom_micro.front() : micro.front()) << "\n";
+  }
+  for (const std::string& line : timeline_events(log))
+    out << line;
   out << "  final micro-batch " << log.attribute("final_micro_batch");
   if (!accumulation.empty()) out << " (accumulation " << integer(accumulation.back()) << ")";
   out << " after " << step.size() << " logged step(s)\n";
@@ -249,8 +287,11 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     out << "; the most on one rank " << integer(most[top]) << " (rank " << integer(most_rank[top])
         << ", step " << integer(step[top]) << ")\n";
   }
+}
 
-  // The memory model's prediction per rank (schema 7, --micro-batch-search predict).
+// The memory model's prediction per rank (schema 7, --micro-batch-search predict).
+void print_memory_model(const RunLogData& log, std::ostream& out) {
+  const auto oom_rank = values(log, "oom", "rank");
   const auto model_rank = values(log, "memory_model", "rank");
   if (!model_rank.empty()) {
     const auto fixed = values(log, "memory_model", "fixed_bytes");
@@ -261,7 +302,7 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     const auto margin = values(log, "memory_model", "margin");
     const auto attempts = values(log, "memory_model", "probe_attempts");
     const auto probe_seconds = values(log, "memory_model", "probe_seconds");
-    const std::string unit = tokens ? "token" : "row";
+    const std::string unit = sizes_are_tokens(log) ? "token" : "row";
     out << "\nMemory model (probed in " << integer(attempts.front()) << " attempts, "
         << number(probe_seconds.front(), "%.2f") << " s; " << number(100 * margin.front(), "%.0f")
         << "% of the room kept free):\n";
@@ -282,10 +323,10 @@ void print_summary(const RunLogData& log, std::ostream& out) {
           << "\n";
     }
   }
+}
 
-  // Documents cut by predicted time (--micro-batch-cost auto, schema 14): each rank's time fit,
-  // and rank 0's predicted compute per step against its measured, medians over the steps without
-  // an out-of-memory retry.
+// Documents cut by predicted time (--micro-batch-cost auto, schema 14): each rank's time fit.
+void print_time_fits(const RunLogData& log, std::ostream& out) {
   const std::string cut = log.attribute("micro_batch_cost");
   if (!cut.empty()) out << "\nDocuments cut " << cut << "\n";
   const auto time_rank = values(log, "time_model", "rank");
@@ -325,6 +366,11 @@ void print_summary(const RunLogData& log, std::ostream& out) {
     }
     out << "\n";
   }
+}
+
+// Rank 0's predicted compute per step against its measured, medians over the steps without an
+// out-of-memory retry.
+void print_predicted_compute(const RunLogData& log, std::ostream& out) {
   const auto predicted = values(log, "steps", "predicted_compute_seconds");
   const auto measured = values(log, "steps", "compute_seconds");
   const auto retried = values(log, "steps", "oom_retries");
@@ -344,7 +390,13 @@ void print_summary(const RunLogData& log, std::ostream& out) {
         << " s; measured / predicted " << number(median(ratio), "%.2f") << " (from "
         << number(sorted.front(), "%.2f") << " to " << number(sorted.back(), "%.2f") << ")\n";
   }
+}
 
+void print_oom_events(const RunLogData& log, std::ostream& out) {
+  const auto oom_step = values(log, "oom", "step");
+  const auto oom_rank = values(log, "oom", "rank");
+  const auto oom_micro = values(log, "oom", "micro_batch");
+  const auto oom_next = values(log, "oom", "next_micro_batch");
   out << "\nOOM events: " << oom_step.size() << "\n";
   if (!oom_step.empty()) {
     out << "  step   rank  micro_batch  next\n";
@@ -356,7 +408,10 @@ void print_summary(const RunLogData& log, std::ostream& out) {
       out << line;
     }
   }
+}
 
+// Throughput, the share of step time spent waiting for data, tokens and padding, the loss.
+void print_throughput(const RunLogData& log, std::ostream& out) {
   const auto wait = values(log, "steps", "data_wait_seconds");
   const auto seconds = values(log, "steps", "step_seconds");
   double wait_sum = 0, step_sum = 0;
@@ -369,7 +424,7 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   if (step_sum > 0)
     out << "; waiting for data " << number(100.0 * wait_sum / step_sum, "%.2f") << "% of step time";
   out << "\n";
-  if (tokens) {
+  if (sizes_are_tokens(log)) {
     const auto real = values(log, "steps", "tokens");
     const auto padded = values(log, "steps", "padded_tokens");
     const double real_sum = std::accumulate(real.begin(), real.end(), 0.0);
@@ -384,7 +439,9 @@ void print_summary(const RunLogData& log, std::ostream& out) {
   const auto loss = values(log, "steps", "loss");
   if (!loss.empty())
     out << "Loss: first " << number(loss.front()) << ", last " << number(loss.back()) << "\n";
+}
 
+void print_evaluation(const RunLogData& log, std::ostream& out) {
   const auto eval_step = values(log, "eval", "step");
   const auto eval_loss = values(log, "eval", "loss");
   const auto eval_accuracy = values(log, "eval", "accuracy");
@@ -395,6 +452,9 @@ void print_summary(const RunLogData& log, std::ostream& out) {
           << ", accuracy " << number(eval_accuracy[i], "%.4f") << "\n";
     }
   }
+}
+
+void print_ranks(const RunLogData& log, std::ostream& out) {
   const auto rank = values(log, "ranks", "rank");
   const auto peak = values(log, "ranks", "peak_bytes");
   // Each rank's sizes over the run (schema 3): "micro-batch 128 -> 64 -> 32 on 64 rows".
@@ -421,7 +481,24 @@ void print_summary(const RunLogData& log, std::ostream& out) {
       out << "\n";
     }
   }
-  out << "\nStatus: " << status << "\n";
+}
+
+void print_summary(const RunLogData& log, std::ostream& out) {
+  print_run(log, out);
+  print_overlap(log, out);
+  print_shard(log, out);
+  print_loss_scale(log, out);
+  print_origin(log, out);
+  print_checkpoints(log, out);
+  print_timeline(log, out);
+  print_memory_model(log, out);
+  print_time_fits(log, out);
+  print_predicted_compute(log, out);
+  print_oom_events(log, out);
+  print_throughput(log, out);
+  print_evaluation(log, out);
+  print_ranks(log, out);
+  out << "\nStatus: " << log.attribute("status", "unknown") << "\n";
 }
 
 void print_csv(const RunLogData& log, const std::string& group, std::ostream& out) {

@@ -91,8 +91,25 @@ train::TrainOptions::MicroBatchCost parse_micro_batch_cost(const std::string& te
   return Cost::kGiven;
 }
 
-train::TrainOptions to_options(const po::variables_map& vm) {
-  train::TrainOptions o;
+// --memory-limit SIZE, or a list: rank i takes item i (cycling).
+void read_memory_limits(const std::string& text, train::TrainOptions& o) {
+  std::vector<std::string> items;  // empty items kept: "8MiB,,16MiB" is an error
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    items.push_back(item);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string what =
+        items.size() > 1 ? "--memory-limit (item " + std::to_string(i + 1) + " of '" + text + "')"
+                         : std::string("--memory-limit");
+    o.memory_limits.push_back(memory::parse_size(items[i], what));
+  }
+  if (o.memory_limits.empty()) throw UsageError("--memory-limit: '" + text + "' is empty");
+  o.memory_limit = o.memory_limits.front();
+  if (o.memory_limits.size() == 1) o.memory_limits.clear();
+}
+
+// What to train on, and with which model and loss.
+void read_model_and_data(const po::variables_map& vm, train::TrainOptions& o) {
   o.data = split_paths(vm["data"].as<std::vector<std::string>>());
   if (vm.count("val-data")) o.val_data = split_paths(vm["val-data"].as<std::vector<std::string>>());
   o.inputs = split_list(vm["inputs"].as<std::string>());
@@ -106,6 +123,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
       o.loss != "model")
     throw UsageError("--loss: '" + o.loss + "' is not one of auto, cross-entropy, mse, bce, model");
   o.ignore_index = vm["ignore-index"].as<std::int64_t>();
+}
+
+// The global batch and how each rank's share is cut into micro-batches.
+void read_batch(const po::variables_map& vm, train::TrainOptions& o) {
   o.global_batch = vm["global-batch"].as<std::int64_t>();
   if (vm.count("global-batch-tokens")) {
     o.global_batch_tokens = vm["global-batch-tokens"].as<std::int64_t>();
@@ -155,6 +176,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (!(o.memory_margin >= 0 && o.memory_margin < 1))
     throw UsageError("--memory-margin must be in [0, 1) (got " + std::to_string(o.memory_margin) +
                      ")");
+}
+
+// How long, in which order, and the optimizer's update.
+void read_optimization(const po::variables_map& vm, train::TrainOptions& o) {
   o.steps = vm["steps"].as<std::int64_t>();
   o.epochs = vm["epochs"].as<double>();
   if (o.steps < 0) throw UsageError("--steps must not be negative");
@@ -183,6 +208,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (o.on_nonfinite != "stop" && o.on_nonfinite != "skip") {
     throw UsageError("--on-nonfinite: '" + o.on_nonfinite + "' is not one of stop, skip");
   }
+}
+
+// The hardware each rank runs on: precision, threads, device, backend, memory limits, balance.
+void read_hardware(const po::variables_map& vm, train::TrainOptions& o) {
   o.precision = train::parse_precision(vm["precision"].as<std::string>());
   o.seed = vm["seed"].as<std::uint64_t>();
   o.threads = vm["threads"].as<int>();
@@ -194,22 +223,7 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (comm::parse_backend(o.backend) == comm::Backend::kNccl && o.device != "cuda") {
     throw UsageError("--backend nccl needs --device cuda: NCCL reduces GPU memory only");
   }
-  {
-    const std::string text = vm["memory-limit"].as<std::string>();
-    std::vector<std::string> items;  // empty items kept: "8MiB,,16MiB" is an error
-    std::stringstream in(text);
-    for (std::string item; std::getline(in, item, ',');)
-      items.push_back(item);
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const std::string what =
-          items.size() > 1 ? "--memory-limit (item " + std::to_string(i + 1) + " of '" + text + "')"
-                           : std::string("--memory-limit");
-      o.memory_limits.push_back(memory::parse_size(items[i], what));
-    }
-    if (o.memory_limits.empty()) throw UsageError("--memory-limit: '" + text + "' is empty");
-    o.memory_limit = o.memory_limits.front();
-    if (o.memory_limits.size() == 1) o.memory_limits.clear();
-  }
+  read_memory_limits(vm["memory-limit"].as<std::string>(), o);
   const std::string scope = vm["micro-batch-scope"].as<std::string>();
   if (scope != "global" && scope != "rank")
     throw UsageError("--micro-batch-scope: '" + scope + "' is not one of global, rank");
@@ -222,6 +236,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   if (o.balance_every < 1)
     throw UsageError("--balance-every must be at least 1 (got " + std::to_string(o.balance_every) +
                      ")");
+}
+
+// Fault drills, for tests and rehearsals.
+void read_drills(const po::variables_map& vm, train::TrainOptions& o) {
   if (vm.count("inject-slow"))
     o.inject_slow = train::parse_slow_injections(vm["inject-slow"].as<std::string>());
   if (vm.count("inject-oom"))
@@ -230,6 +248,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     o.inject_overflow = train::parse_overflow_injections(vm["inject-overflow"].as<std::string>());
   if (vm.count("inject-stall"))
     o.inject_stall = core::parse_stall_injections(vm["inject-stall"].as<std::string>());
+}
+
+// How the gradients travel, and how long a collective may take.
+void read_reduction(const po::variables_map& vm, train::TrainOptions& o) {
   o.overlap = vm["overlap"].as<std::string>();
   if (o.overlap != "auto" && o.overlap != "on" && o.overlap != "off")
     throw UsageError("--overlap: '" + o.overlap + "' is not one of auto, on, off");
@@ -251,6 +273,10 @@ train::TrainOptions to_options(const po::variables_map& vm) {
     throw UsageError(
         "--collective-timeout: less than 1 s would stop healthy runs (a rank "
         "waiting for a slower one); use at least 1, or 0 for no deadline");
+}
+
+// What the run writes, when it evaluates, and where it resumes from.
+void read_outputs(const po::variables_map& vm, train::TrainOptions& o) {
   if (vm.count("run-log")) o.run_log = vm["run-log"].as<std::string>();
   if (vm.count("checkpoint")) o.checkpoint = vm["checkpoint"].as<std::string>();
   o.checkpoint_every = vm["checkpoint-every"].as<std::int64_t>();
@@ -273,19 +299,23 @@ train::TrainOptions to_options(const po::variables_map& vm) {
   o.log_flush_every = vm["log-flush-every"].as<std::int64_t>();
   if (o.log_flush_every < 0) throw UsageError("--log-flush-every must not be negative");
   o.eval_micro_batch = vm["eval-micro-batch"].as<std::int64_t>();
+}
+
+train::TrainOptions to_options(const po::variables_map& vm) {
+  train::TrainOptions o;
+  read_model_and_data(vm, o);
+  read_batch(vm, o);
+  read_optimization(vm, o);
+  read_hardware(vm, o);
+  read_drills(vm, o);
+  read_reduction(vm, o);
+  read_outputs(vm, o);
   o.command_line = command_line();
   return o;
 }
 
-}  // namespace
-
-Command train_command() {
-  Command c;
-  c.name = "train";
-  c.summary = "Train with automatic micro-batching (run under mpirun or srun).";
-  c.usage = "autoaccum train --data FILE... --global-batch B (--steps N | --epochs E) [options]";
-  c.accepts_config = true;
-  auto add = c.options.add_options();
+// What to train on, and with which model and loss.
+void add_model_and_data_options(po::options_description_easy_init add) {
   add("data",
       po::value<std::vector<std::string>>()->multitoken()->required()->value_name("FILE..."),
       "training file(s) or glob(s); shards are concatenated in order");
@@ -309,6 +339,10 @@ Command train_command() {
       "model: forward(inputs..., targets) returns (loss_sum, weight)");
   add("ignore-index", po::value<std::int64_t>()->default_value(-100)->value_name("L"),
       "integer label the cross-entropy skips (padding); the loss is the mean over the rest");
+}
+
+// The global batch and its micro-batches.
+void add_batch_options(po::options_description_easy_init add) {
   add("global-batch-tokens", po::value<std::int64_t>()->value_name("N"),
       "document data: each batch takes whole documents in order while its tokens stay within N "
       "(instead of --global-batch documents)");
@@ -345,6 +379,10 @@ Command train_command() {
   add("memory-margin", po::value<double>()->default_value(0.05, "0.05")->value_name("F"),
       "--micro-batch-search predict: the fraction of the memory above the model's fixed state "
       "left unused, for what the model does not foresee (fragmentation, other allocations)");
+}
+
+// How long, in which order, and the optimizer's update.
+void add_optimization_options(po::options_description_easy_init add) {
   add("steps", po::value<std::int64_t>()->default_value(0)->value_name("N"), "optimizer steps");
   add("epochs", po::value<double>()->default_value(0, "0")->value_name("E"),
       "epochs (instead of --steps)");
@@ -365,6 +403,10 @@ Command train_command() {
       "clip the global gradient norm (0: off)");
   add("on-nonfinite", po::value<std::string>()->default_value("stop")->value_name("stop|skip"),
       "NaN/Inf in the loss or gradients on any rank: stop with an error, or skip the step");
+}
+
+// Where each rank computes and how its gradients travel.
+void add_device_options(po::options_description_easy_init add) {
   add("precision", po::value<std::string>()->default_value("fp32")->value_name("fp32|bf16|fp16"),
       "bf16/fp16: forward and loss under autocast (matrix products in the lower precision); "
       "parameters, optimizer state and accumulated gradients stay fp32. fp16: GPUs only");
@@ -388,6 +430,10 @@ Command train_command() {
       "added");
   add("bucket-mib", po::value<double>()->default_value(1, "1")->value_name("MIB"),
       "--overlap: gradient bytes per bucket (a larger parameter makes a bucket of its own)");
+}
+
+// Each rank's memory and share of the batch.
+void add_memory_options(po::options_description_easy_init add) {
   add("memory-limit", po::value<std::string>()->default_value("none")->value_name("SIZE[,SIZE..]"),
       "memory budget per rank, e.g. 96MiB; past it allocations fail as on a full GPU. A list "
       "gives rank i item i (cycling): mixed nodes, drills");
@@ -400,6 +446,10 @@ Command train_command() {
       "proportion to their measured speed (mixed hardware; exact all the same)");
   add("balance-every", po::value<std::int64_t>()->default_value(50)->value_name("N"),
       "steps between two rebalances (--balance throughput)");
+}
+
+// Fault drills, and the deadline that catches a hang.
+void add_drill_options(po::options_description_easy_init add) {
   add("inject-slow", po::value<std::string>()->value_name("rank=R,factor=F[;...]"),
       "drill: rank R takes F times as long per row (tests --balance on equal cores)");
   add("inject-oom", po::value<std::string>()->value_name("rank=R,above=M[,step=S][;...]"),
@@ -412,6 +462,10 @@ Command train_command() {
       "deadline of every collective: past it the ranks that can still talk end the job with "
       "exit code 5 and one line naming the ranks that did not arrive (0: wait forever). Raise "
       "it if a step, an evaluation or a checkpoint write legitimately takes longer");
+}
+
+// What the run writes, when it evaluates, and where it resumes from.
+void add_output_options(po::options_description_easy_init add) {
   add("run-log", po::value<std::string>()->value_name("FILE.h5"),
       "HDF5 run log (written by rank 0)");
   add("checkpoint", po::value<std::string>()->value_name("FILE.h5"), "HDF5 checkpoint file");
@@ -440,6 +494,24 @@ Command train_command() {
       "progress line every N steps");
   add("log-flush-every", po::value<std::int64_t>()->default_value(0)->value_name("N"),
       "write the run log every N steps (0: automatic, at most ~2% of the run's time)");
+}
+
+}  // namespace
+
+Command train_command() {
+  Command c;
+  c.name = "train";
+  c.summary = "Train with automatic micro-batching (run under mpirun or srun).";
+  c.usage = "autoaccum train --data FILE... --global-batch B (--steps N | --epochs E) [options]";
+  c.accepts_config = true;
+  auto add = c.options.add_options();
+  add_model_and_data_options(add);
+  add_batch_options(add);
+  add_optimization_options(add);
+  add_device_options(add);
+  add_memory_options(add);
+  add_drill_options(add);
+  add_output_options(add);
   c.run = [](const po::variables_map& vm, comm::Communicator& world) {
     train::TrainOptions options;
     comm::collectively(world, [&] { options = to_options(vm); });

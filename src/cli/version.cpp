@@ -83,7 +83,7 @@ std::vector<std::string> version_lines() {
   return {
       std::string("autoaccum ") + kVersion + " (" + kBuildType + ")",
       std::string("LibTorch  ") + TORCH_VERSION +
-          (kWithCuda ? " (CUDA, GPUs visible: " + std::to_string(memory::cuda_device_count()) + ")"
+          (kWithCuda ? " (CUDA, GPUs visible: " + std::to_string(memory::cuda_devices().count) + ")"
                      : std::string(" (CPU)")) +
           ", intra-op threads " + std::to_string(at::get_num_threads()),
       "BLAS      " + loaded_blas(),

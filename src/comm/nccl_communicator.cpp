@@ -112,6 +112,49 @@ void wait_for(NcclCommunicator::Impl& impl, const char* what, int rank, Done don
   }
 }
 
+// The node-local rank picks among the GPUs this rank sees. With one GPU per task (Slurm's
+// --gpus-per-task, or CUDA_VISIBLE_DEVICES set per rank) every rank sees a "device 0" that is a
+// different physical GPU; ranks that really share one are found by PCI bus id
+// (refuse_shared_gpus). Returns what went wrong ("" if nothing).
+std::string choose_device(int local_rank, int& device, char (&bus)[64]) {
+  int devices = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess) {
+    std::string problem =
+        std::string("no usable CUDA device (") + cudaGetErrorString(counted) + ")";
+    cudaGetLastError();  // clear the sticky error
+    return problem;
+  }
+  if (devices == 0) return "no CUDA device";
+  device = local_rank % devices;
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus - 1, device) != cudaSuccess) {
+    return "cannot read the PCI bus id of CUDA device " + std::to_string(device) + ": " +
+           cudaGetErrorString(cudaGetLastError());
+  }
+  return "";
+}
+
+// Every rank gets every (host, bus id) and finds the same duplicates, so all throw together.
+void refuse_shared_gpus(MpiCommunicator& control, const char* bus) {
+  char mine[192] = {};
+  std::string host(256, '\0');
+  gethostname(host.data(), host.size() - 1);
+  std::snprintf(mine, sizeof mine, "%.120s %.60s", host.c_str(), bus);
+  std::vector<char> all(sizeof mine * static_cast<std::size_t>(control.size()));
+  control.allgather(mine, sizeof mine, all.data());
+  for (int a = 0; a < control.size(); ++a) {
+    for (int b = a + 1; b < control.size(); ++b) {
+      const char* first = all.data() + sizeof mine * static_cast<std::size_t>(a);
+      const char* second = all.data() + sizeof mine * static_cast<std::size_t>(b);
+      if (std::strncmp(first, second, sizeof mine) == 0) {
+        throw BackendUnavailable("NCCL backend unavailable: ranks " + std::to_string(a) + " and " +
+                                 std::to_string(b) + " share the GPU " + std::string(first) +
+                                 "; NCCL needs one GPU per rank");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control)
@@ -119,50 +162,13 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> control)
   const int rank = control_->rank();
 
   // Every rank must have its own GPU; agree before any NCCL call so all ranks fail together.
-  std::string problem;
-  int devices = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&devices);
-  if (counted != cudaSuccess) {
-    problem = std::string("no usable CUDA device (") + cudaGetErrorString(counted) + ")";
-    cudaGetLastError();  // clear the sticky error
-  } else if (devices == 0) {
-    problem = "no CUDA device";
-  }
-  // The node-local rank picks among the GPUs this rank sees. With one GPU per task (Slurm's
-  // --gpus-per-task, or CUDA_VISIBLE_DEVICES set per rank) every rank sees a "device 0" that is
-  // a different physical GPU; ranks that really share one are found by PCI bus id below.
   char bus[64] = {};
-  if (problem.empty()) {
-    impl_->device = control_->local_rank() % devices;
-    if (cudaDeviceGetPCIBusId(bus, sizeof bus - 1, impl_->device) != cudaSuccess) {
-      problem = "cannot read the PCI bus id of CUDA device " + std::to_string(impl_->device) +
-                ": " + cudaGetErrorString(cudaGetLastError());
-    }
-  }
+  const std::string problem = choose_device(control_->local_rank(), impl_->device, bus);
   if (auto failure = agree_on_failure(*control_, problem)) {
     throw BackendUnavailable("NCCL backend unavailable: rank " + std::to_string(failure->rank) +
                              ": " + failure->message);
   }
-  {
-    // Every rank gets every (host, bus id) and finds the same duplicates, so all throw together.
-    char mine[192] = {};
-    std::string host(256, '\0');
-    gethostname(host.data(), host.size() - 1);
-    std::snprintf(mine, sizeof mine, "%.120s %.60s", host.c_str(), bus);
-    std::vector<char> all(sizeof mine * static_cast<std::size_t>(control_->size()));
-    control_->allgather(mine, sizeof mine, all.data());
-    for (int a = 0; a < control_->size(); ++a) {
-      for (int b = a + 1; b < control_->size(); ++b) {
-        const char* first = all.data() + sizeof mine * static_cast<std::size_t>(a);
-        const char* second = all.data() + sizeof mine * static_cast<std::size_t>(b);
-        if (std::strncmp(first, second, sizeof mine) == 0) {
-          throw BackendUnavailable("NCCL backend unavailable: ranks " + std::to_string(a) +
-                                   " and " + std::to_string(b) + " share the GPU " +
-                                   std::string(first) + "; NCCL needs one GPU per rank");
-        }
-      }
-    }
-  }
+  refuse_shared_gpus(*control_, bus);
 
   std::string setup_problem;
   if (cudaSetDevice(impl_->device) != cudaSuccess ||

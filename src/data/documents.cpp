@@ -41,6 +41,78 @@ void scan_integers(const hdf5::Dataset& dataset, std::int64_t count, Fn&& fn) {
   }
 }
 
+// The tokens dataset: 1-D integer ids.
+void check_token_dataset(const hdf5::Dataset& tokens, const std::string& path) {
+  const auto token_shape = tokens.shape();
+  if (token_shape.size() != 1)
+    throw InputError(where(path, "tokens") + " has shape " + shape_text(token_shape) +
+                     "; document tokens are one 1-D dataset");
+  if (!integer_type(tokens.dtype()))
+    throw InputError(where(path, "tokens") + " has type " + tokens.dtype_name() +
+                     "; token ids must be uint8, uint16, int32 or int64");
+  if (tokens.string_attribute("encoding") == std::optional<std::string>("scaled"))
+    throw InputError(where(path, "tokens") + " has encoding 'scaled'; token ids are integers");
+}
+
+// The offsets dataset, read whole: from 0, never decreasing, ending at the token count.
+std::vector<std::int64_t> read_offsets(const hdf5::Dataset& offsets_set, const std::string& path,
+                                       std::int64_t token_count) {
+  const auto offset_shape = offsets_set.shape();
+  if (offset_shape.size() != 1 || offset_shape[0] < 1 ||
+      (offsets_set.dtype() != hdf5::DType::kInt64 && offsets_set.dtype() != hdf5::DType::kInt32))
+    throw InputError(where(path, "offsets") + " is " + offsets_set.dtype_name() + " " +
+                     shape_text(offset_shape) +
+                     "; it must be int64 [documents + 1] (document i is "
+                     "tokens[offsets[i]:offsets[i+1]])");
+  std::vector<std::int64_t> offsets(static_cast<std::size_t>(offset_shape[0]));
+  offsets_set.read_rows(0, offset_shape[0], hdf5::DType::kInt64, offsets.data());
+  if (offsets.front() != 0)
+    throw InputError(where(path, "offsets") + " starts at " + std::to_string(offsets.front()) +
+                     "; it must start at 0");
+  for (std::size_t i = 0; i + 1 < offsets.size(); ++i) {
+    if (offsets[i + 1] < offsets[i])
+      throw InputError(where(path, "offsets") + " decreases at index " + std::to_string(i + 1) +
+                       " (" + std::to_string(offsets[i]) + " then " +
+                       std::to_string(offsets[i + 1]) + ")");
+  }
+  if (offsets.back() != token_count)
+    throw InputError(where(path, "offsets") + " ends at " + std::to_string(offsets.back()) +
+                     " but 'tokens' holds " + std::to_string(token_count) +
+                     " tokens; the last offset must be their count");
+  return offsets;
+}
+
+// The target: the next token, labels on the tokens' offsets, or one label per document.
+struct DocumentLabels {
+  Documents::Target kind = Documents::Target::kNextToken;
+  std::optional<hdf5::Dataset> dataset;  // none for the next token
+};
+DocumentLabels open_labels(const hdf5::File& file, const std::string& path,
+                           const std::string& target, std::int64_t token_count,
+                           std::int64_t count) {
+  DocumentLabels labels;
+  if (target == "next" || (target == "y" && !file.has_dataset("y"))) return labels;
+  if (!file.has_dataset(target))
+    throw InputError("'" + path + "' has no dataset '" + target +
+                     "'; see --targets (document data: next, a per-token labels dataset, or "
+                     "one label per document)");
+  labels.dataset.emplace(file.dataset(target));
+  const auto shape = labels.dataset->shape();
+  if (shape.size() != 1 || !integer_type(labels.dataset->dtype()))
+    throw InputError(where(path, target) + " is " + labels.dataset->dtype_name() + " " +
+                     shape_text(shape) + "; document labels are 1-D integers");
+  if (shape[0] == token_count) {
+    labels.kind = Documents::Target::kPerToken;
+  } else if (shape[0] == count) {
+    labels.kind = Documents::Target::kPerDocument;
+  } else {
+    throw InputError(where(path, target) + " holds " + std::to_string(shape[0]) +
+                     " labels; document labels are one per token (" + std::to_string(token_count) +
+                     ") or one per document (" + std::to_string(count) + ")");
+  }
+  return labels;
+}
+
 }  // namespace
 
 void SlabReader::open_documents(std::vector<std::string> inputs, std::string target,
@@ -55,116 +127,74 @@ void SlabReader::open_documents(std::vector<std::string> inputs, std::string tar
   }
   layout_.lengths_input = inputs.size() == 2;
   layout_.ignore_index = ignore_label;
-  std::optional<std::int64_t> declared_classes;
-  std::string declared_in;
-  std::string token_type;
+  DeclaredClasses declared;
   std::optional<Documents::Target> kind;
   std::string target_type = "int64";
-  for (const auto& path : paths_) {
-    std::unique_ptr<Shard> shard(new Shard{hdf5::File::open(path), {}, 0, {}, -1, {}});
-    for (const char* name : {"tokens", "offsets"}) {
-      if (!shard->file.has_dataset(name)) {
-        throw InputError("'" + path + "' has no dataset '" + name + "': every shard of document " +
-                         "data needs tokens and offsets (docs/data-format.md)");
-      }
-    }
-    hdf5::Dataset tokens = shard->file.dataset("tokens");
-    const hdf5::Dataset offsets_set = shard->file.dataset("offsets");
-    const auto token_shape = tokens.shape();
-    if (token_shape.size() != 1)
-      throw InputError(where(path, "tokens") + " has shape " + shape_text(token_shape) +
-                       "; document tokens are one 1-D dataset");
-    if (!integer_type(tokens.dtype()))
-      throw InputError(where(path, "tokens") + " has type " + tokens.dtype_name() +
-                       "; token ids must be uint8, uint16, int32 or int64");
-    if (tokens.string_attribute("encoding") == std::optional<std::string>("scaled"))
-      throw InputError(where(path, "tokens") + " has encoding 'scaled'; token ids are integers");
-    if (token_type.empty()) token_type = tokens.dtype_name();
-    const auto offset_shape = offsets_set.shape();
-    if (offset_shape.size() != 1 || offset_shape[0] < 1 ||
-        (offsets_set.dtype() != hdf5::DType::kInt64 && offsets_set.dtype() != hdf5::DType::kInt32))
-      throw InputError(where(path, "offsets") + " is " + offsets_set.dtype_name() + " " +
-                       shape_text(offset_shape) +
-                       "; it must be int64 [documents + 1] (document i is "
-                       "tokens[offsets[i]:offsets[i+1]])");
-    auto& offsets = shard->offsets;
-    offsets.resize(static_cast<std::size_t>(offset_shape[0]));
-    offsets_set.read_rows(0, offset_shape[0], hdf5::DType::kInt64, offsets.data());
-    if (offsets.front() != 0)
-      throw InputError(where(path, "offsets") + " starts at " + std::to_string(offsets.front()) +
-                       "; it must start at 0");
-    for (std::size_t i = 0; i + 1 < offsets.size(); ++i) {
-      if (offsets[i + 1] < offsets[i])
-        throw InputError(where(path, "offsets") + " decreases at index " + std::to_string(i + 1) +
-                         " (" + std::to_string(offsets[i]) + " then " +
-                         std::to_string(offsets[i + 1]) + ")");
-    }
-    if (offsets.back() != token_shape[0])
-      throw InputError(where(path, "offsets") + " ends at " + std::to_string(offsets.back()) +
-                       " but 'tokens' holds " + std::to_string(token_shape[0]) +
-                       " tokens; the last offset must be their count");
-    const std::int64_t count = offset_shape[0] - 1;
-
-    // The target: the next token, labels on the tokens' offsets, or one label per document.
-    Documents::Target this_kind = Documents::Target::kNextToken;
-    std::optional<hdf5::Dataset> labels;
-    if (target != "next" && !(target == "y" && !shard->file.has_dataset("y"))) {
-      if (!shard->file.has_dataset(target))
-        throw InputError("'" + path + "' has no dataset '" + target +
-                         "'; see --targets (document data: next, a per-token labels dataset, or "
-                         "one label per document)");
-      labels.emplace(shard->file.dataset(target));
-      const auto shape = labels->shape();
-      if (shape.size() != 1 || !integer_type(labels->dtype()))
-        throw InputError(where(path, target) + " is " + labels->dtype_name() + " " +
-                         shape_text(shape) + "; document labels are 1-D integers");
-      if (shape[0] == token_shape[0]) {
-        this_kind = Documents::Target::kPerToken;
-      } else if (shape[0] == count) {
-        this_kind = Documents::Target::kPerDocument;
-      } else {
-        throw InputError(where(path, target) + " holds " + std::to_string(shape[0]) +
-                         " labels; document labels are one per token (" +
-                         std::to_string(token_shape[0]) + ") or one per document (" +
-                         std::to_string(count) + ")");
-      }
-      target_type = labels->dtype_name();
-    }
-    if (kind && *kind != this_kind)
-      throw InputError("'" + path + "': --targets " + target + " is not the same kind of label " +
-                       "as in '" + paths_.front() + "': shards must agree");
-    kind = this_kind;
-    if (shard->file.has_attribute("num_classes")) {
-      const std::int64_t classes = shard->file.read_int_attribute("num_classes");
-      if (classes < 1)
-        throw InputError("'" + path + "': attribute num_classes is " + std::to_string(classes));
-      if (declared_classes && *declared_classes != classes)
-        throw InputError("'" + path + "' says num_classes = " + std::to_string(classes) + " but '" +
-                         declared_in + "' says " + std::to_string(*declared_classes));
-      declared_classes = classes;
-      declared_in = path;
-    }
-    shard->rows = count;
-    shard->datasets.push_back(std::move(tokens));
-    if (labels) shard->datasets.push_back(std::move(*labels));
-    for (std::int64_t i = 0; i < count; ++i) {
-      const std::int64_t length =
-          offsets[static_cast<std::size_t>(i) + 1] - offsets[static_cast<std::size_t>(i)];
-      schema_.lengths.push_back(length);
-      schema_.tokens += length;
-      schema_.max_length = std::max(schema_.max_length, length);
-    }
-    shard_first_row_.push_back(schema_.rows);
-    schema_.rows += count;
-    shards_.push_back(std::move(shard));
-  }
+  for (const auto& path : paths_)
+    open_document_shard(path, target, declared, kind, target_type);
   layout_.target = *kind;
   layout_.target_name = layout_.target == Documents::Target::kNextToken ? "next token" : target;
   if (schema_.rows == 0)
     throw InputError("'" + paths_.front() + "': document data with no documents");
 
-  // Ids and labels checked once, up front: one past the classes would index past the logits.
+  const std::int64_t largest = check_document_ids(target, declared, check_labels, ignore_label);
+  schema_.num_classes = declared.classes ? *declared.classes : largest + 1;
+  schema_.max_label = largest;
   const bool per_document = layout_.target == Documents::Target::kPerDocument;
+  schema_.fields.push_back(
+      {"tokens", FieldType::kInt64, {-1}, false, shards_.front()->datasets[0].dtype_name()});
+  if (layout_.lengths_input)
+    schema_.fields.push_back({"lengths", FieldType::kInt64, {}, false, "int64"});
+  schema_.fields.push_back(
+      {layout_.target_name, FieldType::kInt64,
+       per_document ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{-1}, true,
+       target_type});
+}
+
+void SlabReader::open_document_shard(const std::string& path, const std::string& target,
+                                     DeclaredClasses& declared,
+                                     std::optional<Documents::Target>& kind,
+                                     std::string& target_type) {
+  std::unique_ptr<Shard> shard(new Shard{hdf5::File::open(path), {}, 0, {}, -1, {}});
+  for (const char* name : {"tokens", "offsets"}) {
+    if (!shard->file.has_dataset(name)) {
+      throw InputError("'" + path + "' has no dataset '" + name + "': every shard of document " +
+                       "data needs tokens and offsets (docs/data-format.md)");
+    }
+  }
+  hdf5::Dataset tokens = shard->file.dataset("tokens");
+  check_token_dataset(tokens, path);
+  const std::int64_t token_count = tokens.shape()[0];
+  shard->offsets = read_offsets(shard->file.dataset("offsets"), path, token_count);
+  const std::int64_t count = static_cast<std::int64_t>(shard->offsets.size()) - 1;
+  DocumentLabels labels = open_labels(shard->file, path, target, token_count, count);
+  if (kind && *kind != labels.kind)
+    throw InputError("'" + path + "': --targets " + target + " is not the same kind of label " +
+                     "as in '" + paths_.front() + "': shards must agree");
+  kind = labels.kind;
+  if (labels.dataset) target_type = labels.dataset->dtype_name();
+  read_declared_classes(shard->file, path, declared);
+  shard->rows = count;
+  shard->datasets.push_back(std::move(tokens));
+  if (labels.dataset) shard->datasets.push_back(std::move(*labels.dataset));
+  const auto& offsets = shard->offsets;
+  for (std::size_t i = 0; i + 1 < offsets.size(); ++i) {
+    const std::int64_t length = offsets[i + 1] - offsets[i];
+    schema_.lengths.push_back(length);
+    schema_.tokens += length;
+    schema_.max_length = std::max(schema_.max_length, length);
+  }
+  shard_first_row_.push_back(schema_.rows);
+  schema_.rows += count;
+  shards_.push_back(std::move(shard));
+}
+
+// Ids and labels checked once, up front: one past the classes would index past the logits.
+std::int64_t SlabReader::check_document_ids(const std::string& target,
+                                            const DeclaredClasses& declared, bool check_labels,
+                                            std::int64_t ignore_label) const {
+  const bool per_document = layout_.target == Documents::Target::kPerDocument;
+  const std::optional<std::int64_t>& declared_classes = declared.classes;
   std::int64_t max_token = -1, max_label = -1;
   for (std::size_t s = 0; s < shards_.size(); ++s) {
     const Shard& shard = *shards_[s];
@@ -195,17 +225,7 @@ void SlabReader::open_documents(std::vector<std::string> inputs, std::string tar
       max_label = std::max(max_label, label);
     });
   }
-  const std::int64_t largest =
-      layout_.target == Documents::Target::kNextToken ? max_token : max_label;
-  schema_.num_classes = declared_classes ? *declared_classes : largest + 1;
-  schema_.max_label = largest;
-  schema_.fields.push_back({"tokens", FieldType::kInt64, {-1}, false, token_type});
-  if (layout_.lengths_input)
-    schema_.fields.push_back({"lengths", FieldType::kInt64, {}, false, "int64"});
-  schema_.fields.push_back(
-      {layout_.target_name, FieldType::kInt64,
-       per_document ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{-1}, true,
-       target_type});
+  return layout_.target == Documents::Target::kNextToken ? max_token : max_label;
 }
 
 Batch SlabReader::read_documents(std::int64_t begin, std::int64_t end) const {

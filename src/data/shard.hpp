@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "autoaccum/core/error.hpp"
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/hdf5/hdf5.hpp"
 
@@ -32,6 +33,21 @@ struct SlabReader::Shard {
 // "'file', dataset 'name'": how every message names a dataset.
 inline std::string where(const std::string& file, const std::string& dataset) {
   return "'" + file + "', dataset '" + dataset + "'";
+}
+
+// A shard's num_classes attribute, if it has one, checked against the shards before it.
+inline void read_declared_classes(const hdf5::File& file, const std::string& path,
+                                  SlabReader::DeclaredClasses& declared) {
+  if (!file.has_attribute("num_classes")) return;
+  const std::int64_t classes = file.read_int_attribute("num_classes");
+  if (classes < 1)
+    throw InputError("'" + path + "': attribute num_classes is " + std::to_string(classes));
+  if (declared.classes && *declared.classes != classes) {
+    throw InputError("'" + path + "' says num_classes = " + std::to_string(classes) + " but '" +
+                     declared.in + "' says " + std::to_string(*declared.classes));
+  }
+  declared.classes = classes;
+  declared.in = path;
 }
 
 }  // namespace autoaccum::data

@@ -141,6 +141,69 @@ void pread_exactly(int descriptor, const std::string& path, char* out, std::int6
 
 }  // namespace
 
+namespace {
+
+// A dataset named twice in --inputs/--targets.
+void refuse_repeated_names(const std::vector<std::string>& names) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    for (std::size_t j = i + 1; j < names.size(); ++j) {
+      if (names[i] == names[j])
+        throw UsageError("dataset '" + names[i] + "' is named twice in --inputs/--targets");
+    }
+  }
+}
+
+[[noreturn]] void no_such_dataset(const hdf5::File& file, const std::string& path,
+                                  const std::string& name, bool is_target) {
+  std::string known;
+  for (const auto& n : file.dataset_names())
+    known += (known.empty() ? "" : ", ") + n;
+  throw InputError("'" + path + "' has no dataset '" + name + "'" +
+                   (known.empty() ? " (it has no datasets)" : " (it has: " + known + ")") +
+                   (is_target ? "; see --targets" : "; see --inputs"));
+}
+
+// How a dataset reaches the model, from its type and its `encoding` attribute.
+FieldType field_type(const hdf5::Dataset& dataset, const std::string& path, const std::string& name,
+                     bool is_target) {
+  // How integer inputs reach the model: uint8 is an image scaled to [0, 1] unless the
+  // dataset says encoding = "integer" (byte-sized token ids, passed unscaled as int64).
+  const std::optional<std::string> encoding = dataset.string_attribute("encoding");
+  if (encoding && *encoding != "integer" && *encoding != "scaled") {
+    throw InputError(where(path, name) + " has encoding '" + *encoding +
+                     "'; it must be 'integer' (ids passed as int64) or 'scaled' (uint8 "
+                     "images, x / 255)");
+  }
+  const bool integers =
+      dataset.dtype() == hdf5::DType::kInt64 || dataset.dtype() == hdf5::DType::kInt32;
+  if (encoding && dataset.dtype() != hdf5::DType::kUInt8 && !(integers && *encoding == "integer")) {
+    throw InputError(where(path, name) + " is " + dataset.dtype_name() + " with encoding '" +
+                     *encoding + "'; only uint8 data can be 'scaled' or 'integer' (" +
+                     dataset.dtype_name() + " is always passed as " +
+                     (dataset.dtype() == hdf5::DType::kFloat32 ? "float32" : "int64") + ")");
+  }
+  switch (dataset.dtype()) {
+    case hdf5::DType::kUInt8:
+      if (is_target)
+        throw InputError(where(path, name) +
+                         " is uint8; targets must be int64 class labels or float32 values");
+      // Token ids are read as int64: HDF5 converts, the fast path steps aside.
+      return encoding == std::optional<std::string>("integer") ? FieldType::kInt64
+                                                               : FieldType::kUInt8;
+    case hdf5::DType::kInt64:
+    case hdf5::DType::kInt32:    // read as int64: HDF5 converts, the fast path steps aside
+      return FieldType::kInt64;  // inputs: token ids, passed to the model unscaled
+    case hdf5::DType::kFloat32:
+      return FieldType::kFloat32;
+    default:
+      throw InputError(where(path, name) + " has unsupported type " + dataset.dtype_name() +
+                       (is_target ? "; targets must be int64 or float32"
+                                  : "; inputs must be uint8, int32, int64 or float32"));
+  }
+}
+
+}  // namespace
+
 SlabReader::~SlabReader() = default;
 SlabReader::SlabReader(SlabReader&&) noexcept = default;
 SlabReader& SlabReader::operator=(SlabReader&&) noexcept = default;
@@ -152,13 +215,7 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
   if (inputs.empty()) throw UsageError("--inputs: no input dataset named");
   std::vector<std::string> names = inputs;
   names.push_back(target);
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    for (std::size_t j = i + 1; j < names.size(); ++j) {
-      if (names[i] == names[j])
-        throw UsageError("dataset '" + names[i] + "' is named twice in --inputs/--targets");
-    }
-  }
-
+  refuse_repeated_names(names);
   {
     const hdf5::File first = hdf5::File::open(paths_.front());
     if (first.has_dataset("tokens") && first.has_dataset("offsets")) {
@@ -166,109 +223,9 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
       return;
     }
   }
-
-  std::optional<std::int64_t> declared_classes;
-  std::string declared_in;
-  for (const auto& path : paths_) {
-    std::unique_ptr<Shard> shard(new Shard{hdf5::File::open(path), {}, 0, {}, -1, {}});
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const std::string& name = names[i];
-      const bool is_target = i + 1 == names.size();
-      if (!shard->file.has_dataset(name)) {
-        std::string known;
-        for (const auto& n : shard->file.dataset_names())
-          known += (known.empty() ? "" : ", ") + n;
-        throw InputError("'" + path + "' has no dataset '" + name + "'" +
-                         (known.empty() ? " (it has no datasets)" : " (it has: " + known + ")") +
-                         (is_target ? "; see --targets" : "; see --inputs"));
-      }
-      hdf5::Dataset dataset = shard->file.dataset(name);
-      const auto shape = dataset.shape();
-      if (shape.empty())
-        throw InputError(where(path, name) + " is a scalar; it needs a row dimension");
-      FieldType type;
-      // How integer inputs reach the model: uint8 is an image scaled to [0, 1] unless the
-      // dataset says encoding = "integer" (byte-sized token ids, passed unscaled as int64).
-      const std::optional<std::string> encoding = dataset.string_attribute("encoding");
-      if (encoding && *encoding != "integer" && *encoding != "scaled") {
-        throw InputError(where(path, name) + " has encoding '" + *encoding +
-                         "'; it must be 'integer' (ids passed as int64) or 'scaled' (uint8 "
-                         "images, x / 255)");
-      }
-      const bool integers =
-          dataset.dtype() == hdf5::DType::kInt64 || dataset.dtype() == hdf5::DType::kInt32;
-      if (encoding && dataset.dtype() != hdf5::DType::kUInt8 &&
-          !(integers && *encoding == "integer")) {
-        throw InputError(where(path, name) + " is " + dataset.dtype_name() + " with encoding '" +
-                         *encoding + "'; only uint8 data can be 'scaled' or 'integer' (" +
-                         dataset.dtype_name() + " is always passed as " +
-                         (dataset.dtype() == hdf5::DType::kFloat32 ? "float32" : "int64") + ")");
-      }
-      switch (dataset.dtype()) {
-        case hdf5::DType::kUInt8:
-          if (is_target)
-            throw InputError(where(path, name) +
-                             " is uint8; targets must be int64 class labels or float32 values");
-          // Token ids are read as int64: HDF5 converts, the fast path steps aside.
-          type = encoding == std::optional<std::string>("integer") ? FieldType::kInt64
-                                                                   : FieldType::kUInt8;
-          break;
-        case hdf5::DType::kInt64:
-        case hdf5::DType::kInt32:    // read as int64: HDF5 converts, the fast path steps aside
-          type = FieldType::kInt64;  // inputs: token ids, passed to the model unscaled
-          break;
-        case hdf5::DType::kFloat32:
-          type = FieldType::kFloat32;
-          break;
-        default:
-          throw InputError(where(path, name) + " has unsupported type " + dataset.dtype_name() +
-                           (is_target ? "; targets must be int64 or float32"
-                                      : "; inputs must be uint8, int32, int64 or float32"));
-      }
-      FieldSpec spec{name, type, std::vector<std::int64_t>(shape.begin() + 1, shape.end()),
-                     is_target, dataset.dtype_name()};
-      if (shard->datasets.empty()) {
-        shard->rows = shape[0];
-      } else if (shape[0] != shard->rows) {
-        throw InputError("'" + path + "': dataset '" + names[0] + "' has " +
-                         std::to_string(shard->rows) + " rows but '" + name + "' has " +
-                         std::to_string(shape[0]));
-      }
-      if (schema_.fields.size() < names.size()) {
-        schema_.fields.push_back(spec);
-      } else {
-        const FieldSpec& first = schema_.fields[i];
-        if (first.type != spec.type || first.row_shape != spec.row_shape) {
-          throw InputError(where(path, name) + " is " + to_string(spec.type) + " " +
-                           shape_text(spec.row_shape) + " per row but in '" + paths_.front() +
-                           "' it is " + to_string(first.type) + " " + shape_text(first.row_shape) +
-                           ": shards must agree");
-        }
-      }
-      shard->datasets.push_back(std::move(dataset));
-    }
-    if (schema_.target().type == FieldType::kInt64 && shard->file.has_attribute("num_classes")) {
-      const std::int64_t classes = shard->file.read_int_attribute("num_classes");
-      if (classes < 1)
-        throw InputError("'" + path + "': attribute num_classes is " + std::to_string(classes));
-      if (declared_classes && *declared_classes != classes) {
-        throw InputError("'" + path + "' says num_classes = " + std::to_string(classes) + " but '" +
-                         declared_in + "' says " + std::to_string(*declared_classes));
-      }
-      declared_classes = classes;
-      declared_in = path;
-    }
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const auto offset = shard->datasets[i].raw_offset(file_type(schema_.fields[i].type));
-      shard->raw_offsets.push_back(offset ? *offset : -1);
-      if (offset && shard->descriptor < 0)
-        shard->descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    }
-    if (shard->descriptor < 0) std::fill(shard->raw_offsets.begin(), shard->raw_offsets.end(), -1);
-    shard_first_row_.push_back(schema_.rows);
-    schema_.rows += shard->rows;
-    shards_.push_back(std::move(shard));
-  }
+  DeclaredClasses declared;
+  for (const auto& path : paths_)
+    open_shard(path, names, declared);
   if (schema_.rows == 0) {
     throw InputError(paths_.size() == 1
                          ? "'" + paths_.front() + "': dataset '" + names[0] + "' has no rows"
@@ -277,38 +234,94 @@ SlabReader::SlabReader(std::vector<std::string> paths, std::vector<std::string> 
   }
 
   if (schema_.target().type != FieldType::kInt64) return;
-  // Labels outside [0, num_classes) would index past the logits; check them all once, up front.
-  // [rows] labels one class per row; [rows, T] one per token. `ignore_label` marks positions
-  // the loss skips (padding).
+  const bool read_labels = check_labels || !declared.classes;
+  const std::int64_t max_label =
+      read_labels ? largest_label(target, declared.classes, ignore_label) : -1;
+  schema_.num_classes = declared.classes ? *declared.classes : max_label + 1;
+  if (read_labels) schema_.max_label = max_label;
+}
+
+// One shard of rows: its datasets checked against the names and against the first shard, its
+// num_classes against the others', and the raw offsets of those the fast path may read directly.
+void SlabReader::open_shard(const std::string& path, const std::vector<std::string>& names,
+                            DeclaredClasses& declared) {
+  std::unique_ptr<Shard> shard(new Shard{hdf5::File::open(path), {}, 0, {}, -1, {}});
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const bool is_target = i + 1 == names.size();
+    if (!shard->file.has_dataset(name)) no_such_dataset(shard->file, path, name, is_target);
+    hdf5::Dataset dataset = shard->file.dataset(name);
+    const auto shape = dataset.shape();
+    if (shape.empty())
+      throw InputError(where(path, name) + " is a scalar; it needs a row dimension");
+    const FieldType type = field_type(dataset, path, name, is_target);
+    FieldSpec spec{name, type, std::vector<std::int64_t>(shape.begin() + 1, shape.end()), is_target,
+                   dataset.dtype_name()};
+    if (shard->datasets.empty()) {
+      shard->rows = shape[0];
+    } else if (shape[0] != shard->rows) {
+      throw InputError("'" + path + "': dataset '" + names[0] + "' has " +
+                       std::to_string(shard->rows) + " rows but '" + name + "' has " +
+                       std::to_string(shape[0]));
+    }
+    if (schema_.fields.size() < names.size()) {
+      schema_.fields.push_back(spec);
+    } else {
+      const FieldSpec& first = schema_.fields[i];
+      if (first.type != spec.type || first.row_shape != spec.row_shape) {
+        throw InputError(where(path, name) + " is " + to_string(spec.type) + " " +
+                         shape_text(spec.row_shape) + " per row but in '" + paths_.front() +
+                         "' it is " + to_string(first.type) + " " + shape_text(first.row_shape) +
+                         ": shards must agree");
+      }
+    }
+    shard->datasets.push_back(std::move(dataset));
+  }
+  if (schema_.target().type == FieldType::kInt64)
+    read_declared_classes(shard->file, path, declared);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto offset = shard->datasets[i].raw_offset(file_type(schema_.fields[i].type));
+    shard->raw_offsets.push_back(offset ? *offset : -1);
+    if (offset && shard->descriptor < 0)
+      shard->descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  if (shard->descriptor < 0) std::fill(shard->raw_offsets.begin(), shard->raw_offsets.end(), -1);
+  shard_first_row_.push_back(schema_.rows);
+  schema_.rows += shard->rows;
+  shards_.push_back(std::move(shard));
+}
+
+// Labels outside [0, num_classes) would index past the logits; check them all once, up front.
+// [rows] labels one class per row; [rows, T] one per token. `ignore_label` marks positions the
+// loss skips (padding). Returns the largest label (-1: none).
+std::int64_t SlabReader::largest_label(const std::string& target,
+                                       std::optional<std::int64_t> declared_classes,
+                                       std::int64_t ignore_label) const {
   std::int64_t per_row = 1;
   for (auto d : schema_.target().row_shape)
     per_row *= d;
   std::int64_t max_label = -1;
-  if (check_labels || !declared_classes) {
-    const std::int64_t block = std::max<std::int64_t>(1, (1 << 20) / per_row);
-    std::vector<std::int64_t> labels;
-    for (std::size_t s = 0; s < shards_.size(); ++s) {
-      for (std::int64_t first = 0; first < shards_[s]->rows; first += block) {
-        const std::int64_t count = std::min(block, shards_[s]->rows - first);
-        labels.resize(static_cast<std::size_t>(count * per_row));
-        shards_[s]->datasets.back().read_rows(first, count, hdf5::DType::kInt64, labels.data());
-        for (std::int64_t k = 0; k < count * per_row; ++k) {
-          const std::int64_t label = labels[static_cast<std::size_t>(k)];
-          if (label == ignore_label) continue;
-          if (label < 0 || (declared_classes && label >= *declared_classes)) {
-            throw InputError(where(paths_[s], target) + ": label " + std::to_string(label) +
-                             " at row " + std::to_string(first + k / per_row) + " is outside [0, " +
-                             (declared_classes
-                                  ? std::to_string(*declared_classes) + ") (num_classes)"
-                                  : std::string("inf)")));
-          }
-          max_label = std::max(max_label, label);
+  const std::int64_t block = std::max<std::int64_t>(1, (1 << 20) / per_row);
+  std::vector<std::int64_t> labels;
+  for (std::size_t s = 0; s < shards_.size(); ++s) {
+    for (std::int64_t first = 0; first < shards_[s]->rows; first += block) {
+      const std::int64_t count = std::min(block, shards_[s]->rows - first);
+      labels.resize(static_cast<std::size_t>(count * per_row));
+      shards_[s]->datasets.back().read_rows(first, count, hdf5::DType::kInt64, labels.data());
+      for (std::int64_t k = 0; k < count * per_row; ++k) {
+        const std::int64_t label = labels[static_cast<std::size_t>(k)];
+        if (label == ignore_label) continue;
+        if (label < 0 || (declared_classes && label >= *declared_classes)) {
+          throw InputError(where(paths_[s], target) + ": label " + std::to_string(label) +
+                           " at row " + std::to_string(first + k / per_row) + " is outside [0, " +
+                           (declared_classes ? std::to_string(*declared_classes) + ") (num_classes)"
+                                             : std::string("inf)")));
         }
+        max_label = std::max(max_label, label);
       }
     }
   }
-  schema_.num_classes = declared_classes ? *declared_classes : max_label + 1;
-  if (check_labels || !declared_classes) schema_.max_label = max_label;
+  return max_label;
 }
 
 std::vector<std::int64_t> SlabReader::shard_rows() const {

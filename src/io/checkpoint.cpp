@@ -69,6 +69,57 @@ std::int64_t size_bound(const Checkpoint& c, std::int64_t optimizer_bytes) {
   return data + 8192 + 1024 * datasets + 2 * attributes;
 }
 
+// The parameters, buffers and optimizer state, with the lists of their names.
+void write_tensors(hdf5::File& file, const Checkpoint& c, std::int64_t optimizer_bytes,
+                   const WrittenSums& sums) {
+  std::vector<std::string> param_names, buffer_names;
+  for (const auto& [name, tensor] : c.params) {
+    write_tensor(file, "params/" + name, tensor, sums);
+    param_names.push_back(name);
+  }
+  for (const auto& [name, tensor] : c.buffers) {
+    write_tensor(file, "buffers/" + name, tensor, sums);
+    buffer_names.push_back(name);
+  }
+  if (c.stream_optimizer || !c.optimizer.empty()) write_optimizer(file, c, optimizer_bytes, sums);
+  std::vector<std::string> optimizer_names;
+  for (const auto& t : c.streamed_optimizer) {
+    write_streamed(file, t, sums);
+    optimizer_names.push_back(t.name);
+  }
+  file.write_attribute("params_names", param_names);
+  file.write_attribute("buffers_names", buffer_names);
+  if (!c.optimizer_kind.empty()) {
+    file.write_attribute("optimizer_kind", c.optimizer_kind);
+    file.write_attribute("optimizer_step", c.optimizer_step);
+    if (!optimizer_names.empty()) file.write_attribute("optimizer_names", optimizer_names);
+  }
+}
+
+// The root's attributes: the step, the run's settings and the data order it was trained in.
+void write_attributes(hdf5::File& file, const Checkpoint& c) {
+  file.write_attribute("format", std::string(kFormat));
+  file.write_attribute("step", c.step);
+  file.write_attribute("epoch", c.epoch);
+  file.write_attribute("micro_batch", c.micro_batch);
+  file.write_attribute("world_size", c.world_size);
+  file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
+  file.write_attribute("loss_scale", c.loss_scale);
+  file.write_attribute("loss_scale_clean_steps", c.loss_scale_clean_steps);
+  if (!c.replica_fingerprints.empty())
+    file.write_attribute("replica_fingerprints", c.replica_fingerprints);
+  if (c.data.global_batch > 0) {
+    file.write_attribute("data_global_batch", c.data.global_batch);
+    if (c.data.global_batch_tokens > 0)
+      file.write_attribute("data_global_batch_tokens", c.data.global_batch_tokens);
+    file.write_attribute("data_shuffle", c.data.shuffle);
+    file.write_attribute("data_rows", c.data.rows);
+    file.write_attribute("data_files", c.data.files);
+    file.write_attribute("data_fingerprint", c.data.fingerprint);
+    file.write_attribute("data_batch_in_epoch", c.data.batch_in_epoch);
+  }
+}
+
 }  // namespace
 
 std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int keep,
@@ -84,26 +135,7 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
     check_free_space(temporary, static_cast<std::uint64_t>(bound));
     auto file = hdf5::File::create(temporary);
     reserve_space(temporary, static_cast<std::uint64_t>(bound));
-    std::vector<std::string> param_names, buffer_names;
-    for (const auto& [name, tensor] : c.params) {
-      write_tensor(file, "params/" + name, tensor, sums);
-      param_names.push_back(name);
-    }
-    for (const auto& [name, tensor] : c.buffers) {
-      write_tensor(file, "buffers/" + name, tensor, sums);
-      buffer_names.push_back(name);
-    }
-    if (c.stream_optimizer || !c.optimizer.empty()) write_optimizer(file, c, optimizer_bytes, sums);
-    std::vector<std::string> optimizer_names;
-    for (const auto& t : c.streamed_optimizer) {
-      write_streamed(file, t, sums);
-      optimizer_names.push_back(t.name);
-    }
-    if (!c.optimizer_kind.empty()) {
-      file.write_attribute("optimizer_kind", c.optimizer_kind);
-      file.write_attribute("optimizer_step", c.optimizer_step);
-      if (!optimizer_names.empty()) file.write_attribute("optimizer_names", optimizer_names);
-    }
+    write_tensors(file, c, optimizer_bytes, sums);
     for (std::size_t r = 0; r < c.generator_states.size(); ++r)
       write_bytes(file, "rng/rank" + std::to_string(r), c.generator_states[r], sums);
     file.write_attribute("rng_ranks", static_cast<std::int64_t>(c.generator_states.size()));
@@ -113,28 +145,7 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
     write_integers(file, "shares_followed", c.shares_followed, sums);
     write_memory_models(file, c.memory_models, sums);
     write_time_fits(file, c.time_fits, sums);
-    file.write_attribute("params_names", param_names);
-    file.write_attribute("buffers_names", buffer_names);
-    file.write_attribute("format", std::string(kFormat));
-    file.write_attribute("step", c.step);
-    file.write_attribute("epoch", c.epoch);
-    file.write_attribute("micro_batch", c.micro_batch);
-    file.write_attribute("world_size", c.world_size);
-    file.write_attribute("seed", static_cast<std::int64_t>(c.seed));
-    file.write_attribute("loss_scale", c.loss_scale);
-    file.write_attribute("loss_scale_clean_steps", c.loss_scale_clean_steps);
-    if (!c.replica_fingerprints.empty())
-      file.write_attribute("replica_fingerprints", c.replica_fingerprints);
-    if (c.data.global_batch > 0) {
-      file.write_attribute("data_global_batch", c.data.global_batch);
-      if (c.data.global_batch_tokens > 0)
-        file.write_attribute("data_global_batch_tokens", c.data.global_batch_tokens);
-      file.write_attribute("data_shuffle", c.data.shuffle);
-      file.write_attribute("data_rows", c.data.rows);
-      file.write_attribute("data_files", c.data.files);
-      file.write_attribute("data_fingerprint", c.data.fingerprint);
-      file.write_attribute("data_batch_in_epoch", c.data.batch_in_epoch);
-    }
+    write_attributes(file, c);
     // Last: the root's checksum covers every attribute above.
     if (sums.on) file.write_attribute(kChecksumAttribute, hdf5::attributes_checksum(file));
     file.close();

@@ -62,24 +62,31 @@ std::vector<std::pair<std::int64_t, std::string>> older_by_step(const std::strin
   return found;
 }
 
-// The step of the checkpoint at `path`, or nothing when it cannot be read (then it is not kept:
-// it is no checkpoint to go back to).
+// The step of the checkpoint at `path`; nothing when it is another kind of file. A file HDF5
+// cannot read throws.
 std::optional<std::int64_t> step_of(const std::string& path) {
-  try {
-    const auto file = hdf5::File::open(path);
-    if (!file.has_attribute("format") || file.read_string_attribute("format") != kCheckpointFormat)
-      return std::nullopt;
-    return file.read_int_attribute("step");
-  } catch (const std::exception&) {
+  const auto file = hdf5::File::open(path);
+  if (!file.has_attribute("format") || file.read_string_attribute("format") != kCheckpointFormat)
     return std::nullopt;
-  }
+  return file.read_int_attribute("step");
 }
 
 }  // namespace
 
 void keep_current(const std::string& path) {
   if (::access(path.c_str(), F_OK) != 0) return;
-  const std::optional<std::int64_t> step = step_of(path);
+  std::optional<std::int64_t> step;
+  try {
+    step = step_of(path);
+  } catch (const std::exception&) {
+    // Unreadable (damaged, or written by something else): moved aside, as --resume moves a
+    // damaged checkpoint, rather than replaced unseen by the new one.
+    const std::string aside = path + ".damaged";
+    if (std::rename(path.c_str(), aside.c_str()) != 0)
+      throw InputError("'" + path + "' is not a readable checkpoint and cannot be moved to '" +
+                       aside + "' (" + std::strerror(errno) + ")");
+    return;
+  }
   if (!step) return;
   const std::string older = older_checkpoint_path(path, *step);
   const std::string staged = path + ".tmp.older." + std::to_string(::getpid());

@@ -206,11 +206,11 @@ std::int64_t cuda_total_bytes(int device) {
   return static_cast<std::int64_t>(at::cuda::getDeviceProperties(index(device))->totalGlobalMem);
 }
 
-int cuda_device_count() noexcept {
+CudaDevices cuda_devices() noexcept {
   try {
-    return static_cast<int>(c10::cuda::device_count());
-  } catch (...) {
-    return 0;  // no driver
+    return {static_cast<int>(c10::cuda::device_count()), ""};
+  } catch (const std::exception& e) {
+    return {0, e.what()};
   }
 }
 
@@ -260,20 +260,16 @@ void synchronize_device() {
   if (cuda_device_in_use.load() >= 0) c10::cuda::device_synchronize();
 }
 
-std::int64_t refused_allocations() noexcept {
+std::int64_t refused_allocations() {
   const int device = cuda_device_in_use.load();
   if (device < 0) return CpuBudget::instance().refused_.load();
   // The caching allocator counts the allocations it could not serve even after freeing its
   // cache: each is one c10::OutOfMemoryError, whatever wraps it later.
-  try {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device)).num_ooms;
-  } catch (...) {
-    return 0;
-  }
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index(device)).num_ooms;
 }
 #else
-int cuda_device_count() noexcept {
-  return 0;
+CudaDevices cuda_devices() noexcept {
+  return {};
 }
 void* current_cuda_stream() {
   return nullptr;
@@ -294,18 +290,18 @@ void reset_peak() noexcept {
   reset_cpu_peak();
 }
 void synchronize_device() {}
-std::int64_t refused_allocations() noexcept {
+std::int64_t refused_allocations() {
   return CpuBudget::instance().refused_.load();
 }
 #endif
 
-OomWatch::OomWatch() noexcept : refused_at_start_(refused_allocations()) {}
+OomWatch::OomWatch() : refused_at_start_(refused_allocations()) {}
 
-bool OomWatch::refused() const noexcept {
+bool OomWatch::refused() const {
   return refused_allocations() > refused_at_start_;
 }
 
-bool OomWatch::explains(const std::exception& e) const noexcept {
+bool OomWatch::explains(const std::exception& e) const {
   if (is_out_of_memory(e)) return true;
   // The TorchScript interpreter rethrows a failed operation as a plain std::runtime_error (its
   // message holds the traceback), so the type cannot be asked; autoaccum's own errors are

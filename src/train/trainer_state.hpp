@@ -29,13 +29,16 @@
 #include "autoaccum/train/reduce/bucketed_reduce.hpp"
 #include "autoaccum/train/reduce/reduce_buffer.hpp"
 #include "autoaccum/train/reduce/reducer.hpp"
-#include "autoaccum/train/run/observers.hpp"
 #include "autoaccum/train/sizing/balance.hpp"
+#include "autoaccum/train/sizing/events.hpp"
 #include "autoaccum/train/sizing/memory_model.hpp"
+#include "autoaccum/train/sizing/memory_probe.hpp"
 #include "autoaccum/train/sizing/micro_batch.hpp"
 #include "autoaccum/train/sizing/time_model.hpp"
+#include "autoaccum/train/sizing/time_probe.hpp"
 #include "autoaccum/train/step/loss_scale.hpp"
 #include "autoaccum/train/step/optimizer_step.hpp"
+#include "autoaccum/train/step/reporter.hpp"
 #include "autoaccum/train/step/schedule.hpp"
 #include "autoaccum/train/step/step_agreement.hpp"
 #include "autoaccum/train/trainer.hpp"
@@ -71,6 +74,22 @@ struct ThreadChoice {
 };
 
 ThreadChoice choose_threads(int requested, int local_ranks);
+
+// A step's times, for its run-log row: when it began, its wait for data and the reader's CPU
+// time, and the out-of-memory retries it spent.
+struct StepTimes {
+  Clock::time_point start;
+  double data_wait = 0, data_cpu = 0;
+  std::int64_t retries = 0;
+  double retry_seconds = 0;
+};
+
+// What the optimizer did with a step's gradients.
+struct OptimizerUpdate {
+  double lr = 0;
+  double loss_scale = 1;  // the fp16 loss scale the step ran at
+  bool skipped = false;   // non-finite values or an fp16 overflow
+};
 
 // The memory model's view of a micro-batch: rows, or padded tokens and rows x width^2.
 MicroBatchShape piece_shape(const data::MicroBatchPiece& piece);
@@ -162,7 +181,12 @@ struct Trainer::State {
   void gather_limits();
   bool limits_known() const;
   void learn_memory(const StepOutcome& outcome);
-  void probe_memory(const data::Batch& slab);
+  // The memory probe, before the first step (the step drives it: run_memory_probe).
+  MemoryProbe::Setup memory_probe_setup() const;
+  [[noreturn]] void fail_nothing_fits(const MemoryProbe& probe, const AttemptOutcome& outcome);
+  std::int64_t predicted_size(const MemoryProbe& probe, int r, MemoryPrediction::Rank& line) const;
+  void start_from_probe(const MemoryProbe& probe, double seconds);
+  void run_memory_probe(const data::Batch& slab);
   std::optional<MemoryPrediction> prediction;  // the probe's, once it ran
   // Documents, automatic budgets: how each rank's budget is spent across widths, from its memory
   // model at the probe (data::WidthCost; fixed for the run, so every rank cuts every rank's
@@ -173,11 +197,12 @@ struct Trainer::State {
     return i < width_costs.size() ? width_costs[i] : data::WidthCost{};
   }
   // Documents, --micro-batch-cost auto: what a micro-batch takes to compute on each rank, fitted
-  // by the time probe (probe_time; a resume on the same ranks takes it from the checkpoint), so
+  // by the time probe (run_time_probe; a resume on the same ranks takes it from the checkpoint), so
   // that every rank's share is cut by predicted time. nullopt: none (the fewest pieces).
   std::vector<std::optional<TimeFit>> time_fits;
   bool time_pending = false;  // the time probe is still to run before the first step
-  void probe_time(const data::Batch& slab);
+  void run_time_probe(const data::Batch& slab);
+  void fit_times(const TimeProbeSchedule& probe, double seconds);
   void predict_steps(int r, TimeProbe::Rank& line) const;
   std::optional<TimeFit> time_fit(int r) const {
     const auto i = static_cast<std::size_t>(r);
@@ -249,15 +274,24 @@ struct Trainer::State {
   void choose_device();
   void start_loss_scale();  // fp16: the scale's start from what a rank's share counts
   void open_data();
+  void open_validation();
+  void make_plan();
+  void choose_row_sizes();
   void choose_token_budgets();
   void build_model();
   void take_outputs();
   void trial();
+  void run_trial(const data::Batch& rows);
   void allocate_step_state();
   void resume();
+  std::optional<io::LoadedCheckpoint> load_checkpoint();
+  void set_damaged_aside(const io::LoadedCheckpoint& loaded);
   io::DataOrder describe_data_order() const;
   void warn_about_slow_data() const;
   void open_observers();
+  io::ResumeRow resume_row() const;
+  io::RunLogHeader run_log_header() const;
+  std::string sizes_text_for_banner() const;
   void announce();
 
   // Where the run is, for a collective timeout's message: the step and the last checkpoint.
@@ -276,14 +310,50 @@ struct Trainer::State {
     std::vector<std::int64_t> tokens;   // document data: each rank's tokens; empty for rows
   };
   StepSplit split_of(std::int64_t global_step) const;
-  // A probe (probe_memory, probe_time) runs one micro-batch of the attempt's plan, and always
-  // rolls back: the first (rows, or documents padded to the data's longest width), or documents
-  // at a narrow width (data::narrow_piece; nothing when the share has none), or one short document
-  // alone, kept out of the memory model (data::short_piece).
-  enum class ProbePiece { kNone, kFirstPiece, kNarrowPiece, kShortPiece };
+  // One attempt at the batch; a probe (ProbePiece, sizing/memory_probe.hpp) runs one micro-batch
+  // of the attempt's plan and always rolls back.
   StepOutcome attempt(const data::Batch& slab, std::int64_t m,
                       ProbePiece probe = ProbePiece::kNone);
+  // What one attempt has computed so far on this rank.
+  struct AttemptProgress {
+    AttemptPhase phase = AttemptPhase::kBuffers;  // where it is (where it ran out)
+    bool out_of_memory = false;
+    bool abandoned = false;  // a stop signal came between two micro-batches
+    // The memory model's measurement: the micro-batch with the highest peak (each micro-batch's
+    // peak measured alone), or the one that ran out.
+    std::int64_t peak = 0;
+    MicroBatchShape peak_shape, shape;
+    // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
+    // micro-batch (it matters on a GPU).
+    at::Tensor loss, weight;
+  };
+  data::MicroBatchPlan plan_attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe,
+                                    RankReport& report);
+  void run_pieces(const data::Batch& slab, const data::MicroBatchPlan& cut, bool probing,
+                  AttemptProgress& progress);
+  void run_micro_batch(const data::Batch& slab, const data::MicroBatchPiece& piece, bool first,
+                       bool last, bool probing, AttemptProgress& progress);
+  Objective::Terms forward_terms(const std::vector<at::Tensor>& inputs, const at::Tensor& target,
+                                 std::int64_t rows, AttemptPhase& phase);
+  void refuse_or_rethrow(const std::exception& e, AttemptPhase phase, std::int64_t m,
+                         std::int64_t tried_before, std::int64_t previous);
+  StepOutcome reduce_and_agree(const RankReport& report, const AttemptProgress& progress);
+  bool oom_drill_fires(bool backward, std::int64_t rows) const;
+  bool overflow_drill_fires() const;
+  void slow_down(Clock::time_point micro_start) const;
   void after_out_of_memory(const StepOutcome& outcome);
+  // The step loop's parts (step/trainer.cpp).
+  void stall_drill() const;
+  void take_mean(const StepOutcome& outcome);
+  TrainResult end_dry_run();
+  TrainResult end_run(double last_loss);
+  StepOutcome attempt_until_it_fits(const data::Batch& slab, StepTimes& times);
+  OptimizerUpdate update_parameters(const StepOutcome& outcome);
+  void report_step(const StepOutcome& outcome, const OptimizerUpdate& update,
+                   const StepTimes& times, const StepSplit& split);
+  io::StepRow step_row(const StepOutcome& outcome, const OptimizerUpdate& update,
+                       const StepTimes& times, const RankFigures& figures) const;
+  void announce_probes(const std::vector<int>& probing);
   // The model's own error on a micro-batch below one this rank tried before an out-of-memory
   // lowered it (kRefused): what it said, and the sizes. Ends the run on every rank with one
   // line and exit 3 when the agreed outcome names a refusing rank (trainer_memory.cpp, with
@@ -302,6 +372,10 @@ struct Trainer::State {
   std::int64_t write_checkpoint_file(std::vector<std::string> generators,
                                      std::vector<std::string> fingerprints);
   void restore(const io::Checkpoint& checkpoint);
+  std::string restore_model(const io::Checkpoint& checkpoint);
+  std::vector<std::int64_t> restore_micro_batches(const io::Checkpoint& checkpoint);
+  void restore_fits(const io::Checkpoint& checkpoint);
+  void restore_shares(const io::Checkpoint& checkpoint, const std::vector<std::int64_t>& saved);
   std::vector<std::string> gather_generator_states();
   std::vector<std::string> gather_replica_fingerprints();
   bool replicas_differ_said = false;

@@ -30,7 +30,7 @@ class GpuTrainerTest : public testing::Test {
   std::string data;
 
   void SetUp() override {
-    const bool gpus = world.allreduce_min(memory::cuda_device_count() > 0 ? 1 : 0) == 1;
+    const bool gpus = world.allreduce_min(memory::cuda_devices().count > 0 ? 1 : 0) == 1;
     if (!memory::cuda_built()) GTEST_SKIP() << "built without CUDA (no CUDA LibTorch found)";
     if (!gpus) GTEST_SKIP() << "no GPU visible on every rank";
     data::SynthOptions o;

@@ -42,8 +42,8 @@ std::vector<float> reduce(const ControlLayout& layout, const std::vector<RankRep
     std::vector<float> mine(sum.size(), 0.0f);
     write_report(layout, r, reports[static_cast<std::size_t>(r)], mine.data());
     // The loss and weight slots, as the trainer writes them beside the report.
-    write_exact(losses[static_cast<std::size_t>(r)], mine.data() + layout.loss(r));
-    write_exact(weight_per_rank, mine.data() + layout.weight(r));
+    comm::write_exact(losses[static_cast<std::size_t>(r)], mine.data() + layout.loss(r));
+    comm::write_exact(weight_per_rank, mine.data() + layout.weight(r));
     for (std::size_t i = 0; i < sum.size(); ++i)
       sum[i] += mine[i];
   }
@@ -124,9 +124,9 @@ TEST(StepAgreement, CountsAndLossSumsStayExactPastFloatPrecision) {
             reports[1].peak_bytes);
   for (const double value : {0.0, -0.0, 1.0 / 3.0, -7e-20, 123456789.123456789, 3.0e38, 1e300,
                              -HUGE_VAL, std::nan("")}) {
-    float slots[kExactSlots];
-    write_exact(value, slots);
-    const double back = read_exact(slots);
+    float slots[comm::kExactSlots];
+    comm::write_exact(value, slots);
+    const double back = comm::read_exact(slots);
     if (std::isnan(value))
       EXPECT_TRUE(std::isnan(back));
     else if (std::abs(value) > 3.5e38)
@@ -316,14 +316,15 @@ TEST(ModelState, AFloat64BuffersMeanChangeKeepsItsBitsAndIsTheSameOnEveryRank) {
 TEST(ExactPieces, AreWriteExactsPiecesComputedOnTensors) {
   const std::vector<double> values = {1234567.8912345678, -0.1, 1e-30, 16777217.0, 0.0, 2.0 / 3};
   const at::Tensor pieces = exact_pieces(torch::tensor(values, torch::kDouble));
-  ASSERT_EQ(pieces.numel(), static_cast<std::int64_t>(values.size() * kExactSlots));
+  ASSERT_EQ(pieces.numel(), static_cast<std::int64_t>(values.size() * comm::kExactSlots));
   for (std::size_t i = 0; i < values.size(); ++i) {
-    float expected[kExactSlots];
-    write_exact(values[i], expected);
-    for (std::size_t k = 0; k < kExactSlots; ++k)
-      EXPECT_EQ(pieces[static_cast<std::int64_t>(i * kExactSlots + k)].item<float>(), expected[k])
+    float expected[comm::kExactSlots];
+    comm::write_exact(values[i], expected);
+    for (std::size_t k = 0; k < comm::kExactSlots; ++k)
+      EXPECT_EQ(pieces[static_cast<std::int64_t>(i * comm::kExactSlots + k)].item<float>(),
+                expected[k])
           << values[i] << " piece " << k;
-    EXPECT_EQ(read_exact(expected), values[i]);
+    EXPECT_EQ(comm::read_exact(expected), values[i]);
   }
 }
 

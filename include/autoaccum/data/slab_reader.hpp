@@ -90,10 +90,29 @@ class SlabReader {
   // Needs a CUDA LibTorch and a GPU; set before the first read.
   void set_pinned(bool pinned) noexcept { pinned_ = pinned; }
 
+  // num_classes as the shards declare it, and the first file that did (private to src/data).
+  struct DeclaredClasses {
+    std::optional<std::int64_t> classes;
+    std::string in;
+  };
+
  private:
   struct Shard;
+  void open_shard(const std::string& path, const std::vector<std::string>& names,
+                  DeclaredClasses& declared);
+  std::int64_t largest_label(const std::string& target,
+                             std::optional<std::int64_t> declared_classes,
+                             std::int64_t ignore_label) const;
   void open_documents(std::vector<std::string> inputs, std::string target, bool check_labels,
                       std::int64_t ignore_label);
+  // One shard of documents; `kind` and `target_type` are the first shard's, which it must match.
+  void open_document_shard(const std::string& path, const std::string& target,
+                           DeclaredClasses& declared, std::optional<Documents::Target>& kind,
+                           std::string& target_type);
+  // Token ids and labels checked once, up front; returns the largest (the next token's or the
+  // labels').
+  std::int64_t check_document_ids(const std::string& target, const DeclaredClasses& declared,
+                                  bool check_labels, std::int64_t ignore_label) const;
   Batch read_documents(std::int64_t begin, std::int64_t end) const;
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<Shard>> shards_;

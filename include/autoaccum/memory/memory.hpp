@@ -47,8 +47,13 @@ class UncountedScope {
 void use_cuda_device(int device, std::int64_t limit_bytes);
 bool cuda_built() noexcept;  // a CUDA LibTorch
 // GPUs this process sees through LibTorch; 0 without a CUDA LibTorch, a driver or a GPU (NCCL
-// plays no part: a CUDA LibTorch without a system NCCL still sees its GPUs).
-int cuda_device_count() noexcept;
+// plays no part: a CUDA LibTorch without a system NCCL still sees its GPUs). `problem`: why the
+// driver could not be asked (count 0), so that --device auto does not quietly run on the CPU.
+struct CudaDevices {
+  int count = 0;
+  std::string problem;
+};
+CudaDevices cuda_devices() noexcept;
 // LibTorch's current stream (a cudaStream_t) on the CUDA device in use; nullptr on the CPU.
 void* current_cuda_stream();
 std::int64_t cuda_total_bytes(int device);
@@ -73,7 +78,9 @@ bool is_out_of_memory(const std::exception& e) noexcept;
 // refusals, or the CUDA caching allocator's out-of-memory count. It grows whether or not the
 // error that followed kept its type: the TorchScript interpreter, for one, rethrows an
 // allocator's c10::OutOfMemoryError as a plain std::runtime_error.
-std::int64_t refused_allocations() noexcept;
+// (A failure to read the device's statistics is thrown: an attempt cannot then tell an
+// out-of-memory from another error, and must not guess.)
+std::int64_t refused_allocations();
 
 // Watches one stretch of work (an attempt at a step): an exception is an out-of-memory when
 // is_out_of_memory() says so, or when the device refused an allocation since the watch began
@@ -81,9 +88,9 @@ std::int64_t refused_allocations() noexcept;
 // on message text or exception type alone.
 class OomWatch {
  public:
-  OomWatch() noexcept;
-  bool explains(const std::exception& e) const noexcept;
-  bool refused() const noexcept;  // an allocation was refused since the watch began
+  OomWatch();
+  bool explains(const std::exception& e) const;
+  bool refused() const;  // an allocation was refused since the watch began
 
  private:
   std::int64_t refused_at_start_;

@@ -55,6 +55,5 @@ class Trainer {
 // Installed for SIGUSR1, SIGTERM and SIGINT by install_stop_signals().
 void install_stop_signals();
 bool stop_requested() noexcept;
-void request_stop() noexcept;  // what the handler does; for tests
 
 }  // namespace autoaccum::train

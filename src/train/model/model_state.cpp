@@ -8,9 +8,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "autoaccum/comm/exact_slots.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/core/splitmix.hpp"
-#include "autoaccum/train/step/step_agreement.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -23,7 +23,7 @@ bool averaged(const at::Tensor& t) {
 // Floats a reduced buffer takes in the all-reduce (see reduce_count()).
 std::int64_t slots_of(const at::Tensor& buffer, int world) {
   return buffer.scalar_type() == at::kDouble
-             ? buffer.numel() * static_cast<std::int64_t>(kExactSlots) * world
+             ? buffer.numel() * static_cast<std::int64_t>(comm::kExactSlots) * world
              : buffer.numel();
 }
 
@@ -89,8 +89,8 @@ void ModelState::write_changes(at::Tensor region) const {
       // The change (exact in double) as float pieces in this rank's slots; the other ranks'
       // stay zero.
       slot.zero_();
-      slot.narrow(0, static_cast<std::int64_t>(kExactSlots) * n * rank_,
-                  static_cast<std::int64_t>(kExactSlots) * n)
+      slot.narrow(0, static_cast<std::int64_t>(comm::kExactSlots) * n * rank_,
+                  static_cast<std::int64_t>(comm::kExactSlots) * n)
           .copy_(exact_pieces(buffers_[i] - saved_[i]));
     } else {
       slot.copy_((buffers_[i] - saved_[i]).reshape({n}));  // exact for integers below 2^24
@@ -120,7 +120,7 @@ void ModelState::apply_mean_change(const at::Tensor& reduced) {
       for (std::int64_t e = 0; e < n; ++e) {
         double sum = 0.0;
         for (int r = 0; r < world_; ++r)
-          sum += read_exact(p + kExactSlots * (r * n + e));
+          sum += comm::read_exact(p + comm::kExactSlots * (r * n + e));
         m[e] = sum / world_;
       }
       buffer.copy_(saved_[i] + mean.to(buffer.device()).view(buffer.sizes()));
@@ -137,7 +137,7 @@ void ModelState::apply_mean_change(const at::Tensor& reduced) {
 }
 
 at::Tensor exact_pieces(const at::Tensor& values) {
-  static_assert(kExactSlots == 3, "high, middle and low pieces");
+  static_assert(comm::kExactSlots == 3, "high, middle and low pieces");
   const at::Tensor v = values.to(at::kDouble).reshape({-1});
   const at::Tensor high = v.to(at::kFloat);
   const at::Tensor rest = v - high.to(at::kDouble);

@@ -48,18 +48,6 @@ at::Tensor ReduceBuffer::view(ReduceLayout::Handle region) const {
   return buffer_.narrow(0, r.offset, r.count);
 }
 
-void ReduceBuffer::write(ReduceLayout::Handle region, const float* host) {
-  const auto& r = layout_[region];
-  if (r.count == 0) return;
-  view(region).copy_(at::from_blob(const_cast<float*>(host), {r.count}, at::kFloat));
-}
-
-void ReduceBuffer::read(ReduceLayout::Handle region, float* host) const {
-  const auto& r = layout_[region];
-  if (r.count == 0) return;
-  at::from_blob(host, {r.count}, at::kFloat).copy_(view(region));
-}
-
 void ReduceBuffer::zero() {
   buffer_.zero_();
 }

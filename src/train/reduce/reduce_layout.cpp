@@ -21,12 +21,4 @@ const ReduceLayout::Region* ReduceLayout::find(const std::string& name) const {
   return nullptr;
 }
 
-std::string ReduceLayout::describe() const {
-  std::ostringstream text;
-  for (std::size_t i = 0; i < regions_.size(); ++i)
-    text << (i ? " + " : "") << regions_[i].name << " " << regions_[i].count;
-  text << " (" << size_ << " floats)";
-  return text.str();
-}
-
 }  // namespace autoaccum::train

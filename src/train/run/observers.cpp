@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -40,13 +41,6 @@ std::string rate_text(double per_second) {
 }
 
 }  // namespace
-
-std::string sizes_text(const std::vector<std::int64_t>& sizes) {
-  std::string text;
-  for (std::size_t i = 0; i < sizes.size(); ++i)
-    text += (i ? ", " : "") + std::to_string(sizes[i]);
-  return text;
-}
 
 void RunLogObserver::on_oom(const OomEvent& event) {
   const std::lock_guard<std::mutex> lock(mutex_);

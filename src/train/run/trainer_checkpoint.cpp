@@ -144,12 +144,84 @@ io::DataOrder Trainer::State::describe_data_order() const {
   return d;
 }
 
+namespace {
+
+// A checkpoint whose data or data order differs from this run's is refused: resumed so, the run
+// would read some rows of the epoch twice and others never (--resume-reshape takes a new order
+// from an epoch boundary on).
+void refuse_order_change(const io::Checkpoint& c, const std::string& chosen,
+                         const OrderChange& change, bool resume_reshape,
+                         const data::DataSchema& schema) {
+  const std::string head = "--resume: checkpoint '" + chosen + "' (step " + std::to_string(c.step) +
+                           ") was written with " + change.what;
+  if (change.kind == OrderChange::kData)
+    throw CollectiveError(head +
+                              ": resumed so, the run would read some rows of the epoch twice "
+                              "and others never. Resume with the checkpoint's data, or start "
+                              "a new run (another --checkpoint)",
+                          ExitCode::kUsage, 0);
+  if (change.kind == OrderChange::kOrder && !resume_reshape)
+    throw CollectiveError(
+        head +
+            ": resumed so, the run would read some rows of the epoch twice and others never. "
+            "Resume with the checkpoint's value, or add --resume-reshape (the change then "
+            "starts at an epoch boundary), or start a new run (another --checkpoint)",
+        ExitCode::kUsage, 0);
+  if (change.kind == OrderChange::kOrder && c.data.batch_in_epoch != 0) {
+    // The rest of the epoch exists only in the checkpoint's order (its batches are other
+    // rows): finishing it takes the checkpoint's options up to the epoch's end.
+    const std::int64_t end = c.step - c.data.batch_in_epoch + old_batches_per_epoch(c, schema);
+    throw CollectiveError("--resume-reshape: checkpoint '" + chosen + "' (step " +
+                              std::to_string(c.step) + ") is at batch " +
+                              std::to_string(c.data.batch_in_epoch) + " of epoch " +
+                              std::to_string(c.epoch) +
+                              ", whose other rows are read only in its order; resume "
+                              "first with " +
+                              order_options(c) + " --steps " + std::to_string(end) +
+                              " (the end of that epoch), then with --resume-reshape",
+                          ExitCode::kUsage, 0);
+  }
+}
+
+}  // namespace
+
 void Trainer::State::resume() {
   if (!options.resume) return;
   if (options.checkpoint.empty())
     throw CollectiveError("--resume needs --checkpoint FILE", ExitCode::kUsage, 0);
-  // Rank 0 chooses which file to resume from and every rank reads that one: on a network file
-  // system with caching, ranks choosing alone could see different newest files.
+  std::optional<io::LoadedCheckpoint> loaded = load_checkpoint();
+  if (!loaded) {
+    if (root && !options.quiet)
+      std::cout << "no checkpoint at " << options.checkpoint << " yet: starting from step 0"
+                << std::endl;
+    return;
+  }
+  const std::string& chosen = loaded->path;
+  // The same record on every rank: every rank reaches the same verdict without a word.
+  const io::Checkpoint& c = loaded->checkpoint;
+  const OrderChange change = data_order_change(c, data_order, options.seed);
+  refuse_order_change(c, chosen, change, options.resume_reshape, reader->schema());
+  reshaped = change.kind == OrderChange::kOrder;
+  set_damaged_aside(*loaded);
+  restore(c);
+  checkpoint_step = step;
+  // Epochs are counted from the checkpoint's epoch start (a reshaped run's is no multiple of
+  // this run's batches per epoch); --epochs counts from there too.
+  if (c.data.global_batch != 0) {
+    epoch_origin_step = c.step - c.data.batch_in_epoch;
+    epoch_origin = c.epoch;
+    total_steps = std::max(steps_wanted(), step);
+    schedule = make_schedule(options.lr, options.warmup_steps, total_steps, options.schedule);
+  }
+  if (reshaped && root && !options.quiet)
+    std::cout << "autoaccum: --resume-reshape: epoch " << c.epoch << " (from step " << c.step
+              << ") on reads every row once in the new order: " << change.what << std::endl;
+}
+
+// Rank 0 chooses which file to resume from and every rank reads that one: on a network file
+// system with caching, ranks choosing alone could see different newest files. None: there is no
+// checkpoint yet.
+std::optional<io::LoadedCheckpoint> Trainer::State::load_checkpoint() {
   std::optional<io::LoadedCheckpoint> loaded;
   std::string chosen;
   // The file's tensors are host staging, outside --memory-limit (on a GPU they would be host
@@ -168,81 +240,52 @@ void Trainer::State::resume() {
     const memory::UncountedScope staging;
     loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, {}};
   });
-  if (!chosen.empty()) {
-    // The same record on every rank: every rank reaches the same verdict without a word.
-    const io::Checkpoint& c = loaded->checkpoint;
-    const OrderChange change = data_order_change(c, data_order, options.seed);
-    const std::string head = "--resume: checkpoint '" + chosen + "' (step " +
-                             std::to_string(c.step) + ") was written with " + change.what;
-    if (change.kind == OrderChange::kData)
-      throw CollectiveError(head +
-                                ": resumed so, the run would read some rows of the epoch twice "
-                                "and others never. Resume with the checkpoint's data, or start "
-                                "a new run (another --checkpoint)",
-                            ExitCode::kUsage, 0);
-    if (change.kind == OrderChange::kOrder && !options.resume_reshape)
-      throw CollectiveError(
-          head +
-              ": resumed so, the run would read some rows of the epoch twice and others never. "
-              "Resume with the checkpoint's value, or add --resume-reshape (the change then "
-              "starts at an epoch boundary), or start a new run (another --checkpoint)",
-          ExitCode::kUsage, 0);
-    if (change.kind == OrderChange::kOrder && c.data.batch_in_epoch != 0) {
-      // The rest of the epoch exists only in the checkpoint's order (its batches are other
-      // rows): finishing it takes the checkpoint's options up to the epoch's end.
-      const std::int64_t end =
-          c.step - c.data.batch_in_epoch + old_batches_per_epoch(c, reader->schema());
-      throw CollectiveError("--resume-reshape: checkpoint '" + chosen + "' (step " +
-                                std::to_string(c.step) + ") is at batch " +
-                                std::to_string(c.data.batch_in_epoch) + " of epoch " +
-                                std::to_string(c.epoch) +
-                                ", whose other rows are read only in its order; resume "
-                                "first with " +
-                                order_options(c) + " --steps " + std::to_string(end) +
-                                " (the end of that epoch), then with --resume-reshape",
-                            ExitCode::kUsage, 0);
+  if (chosen.empty()) return std::nullopt;
+  loaded->path = chosen;
+  return loaded;
+}
+
+// Rank 0: a damaged newer checkpoint is moved aside (kept for a look, never resumed from nor
+// counted among the kept ones): the checkpoints written from here on are the newest. Then what
+// was skipped, and why, for the user.
+void Trainer::State::set_damaged_aside(const io::LoadedCheckpoint& loaded) {
+  const io::Checkpoint& c = loaded.checkpoint;
+  const std::string& chosen = loaded.path;
+  if (root) {
+    for (const auto& skipped : loaded.skipped) {
+      resume_skipped.push_back(skipped.why);
+      const std::string aside = skipped.path + ".damaged";
+      if (!skipped.path.empty() && std::rename(skipped.path.c_str(), aside.c_str()) == 0)
+        resume_skipped.back() += " (moved to " + aside + ")";
     }
-    reshaped = change.kind == OrderChange::kOrder;
-    if (root) {
-      // A damaged newer checkpoint is moved aside (kept for a look, never resumed from nor
-      // counted among the kept ones): the checkpoints written from here on are the newest.
-      for (const auto& skipped : loaded->skipped) {
-        resume_skipped.push_back(skipped.why);
-        const std::string aside = skipped.path + ".damaged";
-        if (!skipped.path.empty() && std::rename(skipped.path.c_str(), aside.c_str()) == 0)
-          resume_skipped.back() += " (moved to " + aside + ")";
-      }
-    }
-    if (root && !options.quiet) {
-      for (const auto& skipped : resume_skipped)
-        std::cout << "autoaccum: warning: --resume: skipped " << skipped << std::endl;
-      if (!resume_skipped.empty())
-        std::cout << "autoaccum: --resume: resuming from the newest whole checkpoint, " << chosen
-                  << " (step " << c.step << ")" << std::endl;
-      if (!c.verified)
-        std::cout << "autoaccum: note: " << chosen
-                  << " was written before checkpoints had checksums: read unverified" << std::endl;
-    }
-    restore(c);
-    checkpoint_step = step;
-    // Epochs are counted from the checkpoint's epoch start (a reshaped run's is no multiple of
-    // this run's batches per epoch); --epochs counts from there too.
-    if (c.data.global_batch != 0) {
-      epoch_origin_step = c.step - c.data.batch_in_epoch;
-      epoch_origin = c.epoch;
-      total_steps = std::max(steps_wanted(), step);
-      schedule = make_schedule(options.lr, options.warmup_steps, total_steps, options.schedule);
-    }
-    if (reshaped && root && !options.quiet)
-      std::cout << "autoaccum: --resume-reshape: epoch " << c.epoch << " (from step " << c.step
-                << ") on reads every row once in the new order: " << change.what << std::endl;
-  } else if (root && !options.quiet) {
-    std::cout << "no checkpoint at " << options.checkpoint << " yet: starting from step 0"
-              << std::endl;
+  }
+  if (root && !options.quiet) {
+    for (const auto& skipped : resume_skipped)
+      std::cout << "autoaccum: warning: --resume: skipped " << skipped << std::endl;
+    if (!resume_skipped.empty())
+      std::cout << "autoaccum: --resume: resuming from the newest whole checkpoint, " << chosen
+                << " (step " << c.step << ")" << std::endl;
+    if (!c.verified)
+      std::cout << "autoaccum: note: " << chosen
+                << " was written before checkpoints had checksums: read unverified" << std::endl;
   }
 }
 
+// A checkpoint's state, room by room: the model's (parameters, buffers, optimizer state, random
+// streams; agreed, since any rank may find it does not match), then the step, the loss scale, the
+// micro-batches, the memory and time models, and the balanced shares.
 void Trainer::State::restore(const io::Checkpoint& c) {
+  const std::string problem = restore_model(c);
+  if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
+  step = c.step;
+  loss_scale.restore(c.loss_scale, c.loss_scale_clean_steps);
+  const std::vector<std::int64_t> saved = restore_micro_batches(c);
+  restore_fits(c);
+  restore_shares(c, saved);
+}
+
+// What in `c` does not fit this model ("" if all of it does).
+std::string Trainer::State::restore_model(const io::Checkpoint& c) {
   std::string problem;
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : model->named_parameters()) {
@@ -293,14 +336,15 @@ void Trainer::State::restore(const io::Checkpoint& c) {
       seed_generators_for_rank(options.seed ^ static_cast<std::uint64_t>(c.step), rank);
     }
   }
-  if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
-  step = c.step;
-  loss_scale.restore(c.loss_scale, c.loss_scale_clean_steps);
-  // The micro-batch learned before. What fits on a rank depends on its memory and the model, not
-  // on how many ranks share the batch: on the same ranks each continues at its own size; on
-  // another number of ranks the sizes are kept where they were equal, and with per-rank sizes
-  // (which belong to ranks that may no longer exist) every rank starts from the largest and
-  // halves where it must. Capped by the new per-rank batch either way.
+  return problem;
+}
+
+// The micro-batch learned before. What fits on a rank depends on its memory and the model, not on
+// how many ranks share the batch: on the same ranks each continues at its own size; on another
+// number of ranks the sizes are kept where they were equal, and with per-rank sizes (which belong
+// to ranks that may no longer exist) every rank starts from the largest and halves where it must.
+// Capped by the new per-rank batch either way. Returns the sizes it continues at.
+std::vector<std::int64_t> Trainer::State::restore_micro_batches(const io::Checkpoint& c) {
   std::vector<std::int64_t> saved = c.micro_batches;
   if (saved.empty() && c.micro_batch > 0) saved.push_back(c.micro_batch);
   std::string note;
@@ -323,6 +367,10 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   }
   make_micro_batches(saved);
   if (!note.empty()) say_later.push_back(note);
+  return saved;
+}
+
+void Trainer::State::restore_fits(const io::Checkpoint& c) {
   // The memory models and the documents' width costs continue on the same ranks, so the resumed
   // run predicts, regrows and cuts documents as the interrupted one would have. On another
   // number of ranks they belong to ranks that may not exist: learned again from the attempts.
@@ -347,6 +395,10 @@ void Trainer::State::restore(const io::Checkpoint& c) {
     }
     time_pending = false;
   }
+}
+
+void Trainer::State::restore_shares(const io::Checkpoint& c,
+                                    const std::vector<std::int64_t>& saved) {
   // Balanced shares continue on the same ranks; on another number they start even again.
   const auto valid = [&](const std::vector<std::int64_t>& v) {
     return static_cast<int>(v.size()) == world &&

@@ -111,6 +111,10 @@ void Trainer::State::setup() {
   });
   take_outputs();  // before anything is written, so a second job on them is refused at once
   open_data();
+  comm::collectively(comm, [&] {
+    schedule = make_schedule(options.lr, options.warmup_steps, total_steps, options.schedule);
+    if (options.lr <= 0 || !std::isfinite(options.lr)) throw UsageError("--lr must be positive");
+  });
   start_loss_scale();
   build_model();
   trial();
@@ -149,9 +153,17 @@ void Trainer::State::choose_device() {
   // "auto" is CUDA only when every rank sees a GPU. The GPU is chosen by the node-local rank
   // among the visible ones (the NCCL communicator picks the same one); --memory-limit then
   // caps the CUDA caching allocator.
-  const int gpus = memory::cuda_device_count();
+  const memory::CudaDevices visible = memory::cuda_devices();
+  const int gpus = visible.count;
   const bool gpus_everywhere = comm.allreduce_min(gpus > 0 ? 1 : 0) == 1;
   comm::collectively(comm, [&] {
+    // A driver that cannot be asked is an error on the node, not a node without GPUs: said, not
+    // turned into a run on the CPU.
+    if (!visible.problem.empty() && o.device != "cpu") {
+      throw UsageError("--device " + o.device + ": rank " + std::to_string(rank) +
+                       " cannot ask the CUDA driver for its GPUs (" + visible.problem +
+                       "); fix the driver or use --device cpu");
+    }
     if (o.device != "cuda") return;
     if (!memory::cuda_built()) {
       throw UsageError(
@@ -283,10 +295,9 @@ void Trainer::State::build_model() {
 // per rank. Buffers and random state are restored: the trial leaves no trace.
 void Trainer::State::trial() {
   comm::collectively(comm, [&] {
-    const std::int64_t per_epoch = plan->batches_per_epoch();
-    const data::RowRange part = plan->rank_rows(0, 0 % per_epoch, rank);
+    const data::RowRange part = plan->rank_rows(/*epoch=*/0, /*step=*/0, rank);
     if (part.size() < 1) return;
-    data::Batch rows = [&] {
+    const data::Batch rows = [&] {
       const memory::UncountedScope staging;
       data::Batch slab = reader->read(part.begin, std::min(part.end, part.begin + 2));
       if (!slab.documents()) return slab;
@@ -294,55 +305,60 @@ void Trainer::State::trial() {
       const auto cut = data::plan_micro_batches(slab, std::numeric_limits<std::int64_t>::max() / 4);
       return data::micro_batch(slab, cut.pieces.front());
     }();
-    const auto& schema = reader->schema();
-    std::ostringstream what;
-    what << model_name() << " on --data '" << reader->paths().front() << "' (";
-    for (std::size_t i = 0; i + 1 < rows.size(); ++i) {
-      const at::Tensor& t = rows[i];
-      std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
-      what << (i ? ", " : "") << schema.fields[i].name << " " << shape_text(shape) << " "
-           << t.scalar_type();
-    }
-    what << "): ";
-    AttemptGuard guard(*model_state);  // never committed
-    torch::NoGradGuard no_grad;
-    model->set_training(false);  // one row must do: BatchNorm1d cannot take it in train mode
-    struct TrainAgain {
-      Model& model;
-      ~TrainAgain() { model.set_training(true); }
-    } train_again{*model};
-    memory::OomWatch watch;
-    try {
-      std::vector<at::Tensor> inputs;
-      for (std::size_t i = 0; i + 1 < rows.size(); ++i)
-        inputs.push_back(context.on_device(rows[i]));
-      const at::Tensor target = context.on_device(rows[rows.size() - 1]);
-      const AutocastScope autocast(options.precision, context.device.type());
-      if (objective->from_model()) {
-        (void)model->forward_loss(inputs, target).first.item<double>();
-      } else {
-        const at::Tensor output = model->forward(inputs);
-        const std::string problem = objective->check_output(output, rows.rows(), options.targets);
-        if (!problem.empty()) throw InputError(problem);
-        (void)objective->terms(output, target).sum.item<double>();
-      }
-    } catch (const InputError& e) {
-      throw InputError(what.str() + e.what());
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      if (watch.explains(e)) {
-        throw Error("the model does not fit in memory (limit " + limit_text() +
-                        ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
-                    ExitCode::kOutOfMemory);
-      }
-      const std::string hint = objective->from_model()
-                                   ? "--loss model calls forward(inputs..., targets) and needs "
-                                     "(loss_sum, weight) back: "
-                                   : "";
-      throw InputError(what.str() + hint + torch_error_summary(e));
-    }
+    run_trial(rows);
   });
+}
+
+// The trial's forward and loss; an error names the model, the data and its shapes.
+void Trainer::State::run_trial(const data::Batch& rows) {
+  const auto& schema = reader->schema();
+  std::ostringstream what;
+  what << model_name() << " on --data '" << reader->paths().front() << "' (";
+  for (std::size_t i = 0; i + 1 < rows.size(); ++i) {
+    const at::Tensor& t = rows[i];
+    std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+    what << (i ? ", " : "") << schema.fields[i].name << " " << shape_text(shape) << " "
+         << t.scalar_type();
+  }
+  what << "): ";
+  AttemptGuard guard(*model_state);  // never committed
+  torch::NoGradGuard no_grad;
+  model->set_training(false);  // one row must do: BatchNorm1d cannot take it in train mode
+  struct TrainAgain {
+    Model& model;
+    ~TrainAgain() { model.set_training(true); }
+  } train_again{*model};
+  memory::OomWatch watch;
+  try {
+    std::vector<at::Tensor> inputs;
+    for (std::size_t i = 0; i + 1 < rows.size(); ++i)
+      inputs.push_back(context.on_device(rows[i]));
+    const at::Tensor target = context.on_device(rows[rows.size() - 1]);
+    const AutocastScope autocast(options.precision, context.device.type());
+    if (objective->from_model()) {
+      (void)model->forward_loss(inputs, target).first.item<double>();
+    } else {
+      const at::Tensor output = model->forward(inputs);
+      const std::string problem = objective->check_output(output, rows.rows(), options.targets);
+      if (!problem.empty()) throw InputError(problem);
+      (void)objective->terms(output, target).sum.item<double>();
+    }
+  } catch (const InputError& e) {
+    throw InputError(what.str() + e.what());
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (watch.explains(e)) {
+      throw Error("the model does not fit in memory (limit " + limit_text() +
+                      ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
+                  ExitCode::kOutOfMemory);
+    }
+    const std::string hint = objective->from_model()
+                                 ? "--loss model calls forward(inputs..., targets) and needs "
+                                   "(loss_sum, weight) back: "
+                                 : "";
+    throw InputError(what.str() + hint + torch_error_summary(e));
+  }
 }
 
 // The reduce buffer, the gradient views and the optimizer state, allocated once: a model that
@@ -421,75 +437,81 @@ void Trainer::State::probe_precision() {
 
 void Trainer::State::open_observers() {
   peak_bytes.assign(static_cast<std::size_t>(world), 0);
-
   if (!options.run_log.empty()) {
     comm::collectively(comm, [&] {
       if (!root) return;
-      if (options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0) {
-        io::ResumeRow resumed;
-        resumed.global_batch =
-            options.global_batch_tokens > 0 ? options.global_batch_tokens : options.global_batch;
-        resumed.reshaped = reshaped ? 1 : 0;
-        resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
-        resumed.checkpoint = resumed_from;
-        for (const auto& line : resume_skipped)
-          resumed.skipped += (resumed.skipped.empty() ? "" : "; ") + line;
-        observers.push_back(std::make_unique<RunLogObserver>(
-            io::RunLogWriter::append(options.run_log, step, comm.hosts(), options.command_line,
-                                     resumed),
-            options.log_flush_every));
-        return;
-      }
-      io::RunLogHeader header;
-      header.world_size = world;
-      header.global_batch = plan->by_tokens() ? 0 : options.global_batch;
-      header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
-      header.command_line = options.command_line;
-      header.started_at = io::utc_now();
-      header.hostnames = comm.hosts();  // gathered when the communicator was made
-      // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
-      std::string fixed_bytes_list;
-      for (const std::int64_t b : fixed_bytes(sharded()))
-        fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
-      header.text = {
-          {"model", model->describe()},
-          {"loss", objective->describe()},
-          {"optimizer", options.optimizer},
-          {"schedule", options.schedule},
-          {"data", reader->paths().front() +
-                       (reader->paths().size() > 1
-                            ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
-                            : "")},
-          {"memory_limit", memory_limit_text()},
-          {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
-          {"balance", balance_text()},
-          {"overlap", overlap_text()},
-          {"shard", sharded() ? "optimizer" : "none"},
-          {"micro_batch_cost", micro_batch_cost_text()},
-          {"fixed_bytes_counted", fixed_bytes_list},
-          {"precision", to_string(options.precision)},
-          {"micro_batch_unit", documents() ? "tokens" : "rows"}};
-      header.numbers = {
-          {"lr", options.lr},
-          {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
-          {"total_steps", static_cast<double>(total_steps)},
-          {"parameters", static_cast<double>(parameters.trainable_elements)},
-          {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
-          {"shared_parameters", static_cast<double>(parameters.shared_elements)},
-          {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
-          {"threads_per_rank", static_cast<double>(at::get_num_threads())},
-          {"lower_precision_gemm_speedup", lower_gemm_speedup},
-          {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
-          {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
-          {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0},
-          {"fixed_bytes_counted_unsharded", static_cast<double>(fixed_bytes(false).front())}};
+      // A resumed run adds to its log; a new one writes a new log.
+      const bool append = options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0;
       observers.push_back(std::make_unique<RunLogObserver>(
-          io::RunLogWriter::create(options.run_log, header), options.log_flush_every));
+          append ? io::RunLogWriter::append(options.run_log, step, comm.hosts(),
+                                            options.command_line, resume_row())
+                 : io::RunLogWriter::create(options.run_log, run_log_header()),
+          options.log_flush_every));
     });
   }
   if (root && !options.quiet) {
     observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
   }
+}
+
+// The run log's row for this resume.
+io::ResumeRow Trainer::State::resume_row() const {
+  io::ResumeRow resumed;
+  resumed.global_batch =
+      options.global_batch_tokens > 0 ? options.global_batch_tokens : options.global_batch;
+  resumed.reshaped = reshaped ? 1 : 0;
+  resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
+  resumed.checkpoint = resumed_from;
+  for (const auto& line : resume_skipped)
+    resumed.skipped += (resumed.skipped.empty() ? "" : "; ") + line;
+  return resumed;
+}
+
+// A new run log's attributes: what the run is, as its banner says it.
+io::RunLogHeader Trainer::State::run_log_header() const {
+  io::RunLogHeader header;
+  header.world_size = world;
+  header.global_batch = plan->by_tokens() ? 0 : options.global_batch;
+  header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
+  header.command_line = options.command_line;
+  header.started_at = io::utc_now();
+  header.hostnames = comm.hosts();  // gathered when the communicator was made
+  // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
+  std::string fixed_bytes_list;
+  for (const std::int64_t b : fixed_bytes(sharded()))
+    fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
+  header.text = {{"model", model->describe()},
+                 {"loss", objective->describe()},
+                 {"optimizer", options.optimizer},
+                 {"schedule", options.schedule},
+                 {"data", reader->paths().front() +
+                              (reader->paths().size() > 1
+                                   ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
+                                   : "")},
+                 {"memory_limit", memory_limit_text()},
+                 {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
+                 {"balance", balance_text()},
+                 {"overlap", overlap_text()},
+                 {"shard", sharded() ? "optimizer" : "none"},
+                 {"micro_batch_cost", micro_batch_cost_text()},
+                 {"fixed_bytes_counted", fixed_bytes_list},
+                 {"precision", to_string(options.precision)},
+                 {"micro_batch_unit", documents() ? "tokens" : "rows"}};
+  header.numbers = {
+      {"lr", options.lr},
+      {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
+      {"total_steps", static_cast<double>(total_steps)},
+      {"parameters", static_cast<double>(parameters.trainable_elements)},
+      {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
+      {"shared_parameters", static_cast<double>(parameters.shared_elements)},
+      {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
+      {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+      {"lower_precision_gemm_speedup", lower_gemm_speedup},
+      {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
+      {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
+      {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0},
+      {"fixed_bytes_counted_unsharded", static_cast<double>(fixed_bytes(false).front())}};
+  return header;
 }
 
 std::size_t Trainer::State::node_count() const {
@@ -525,6 +547,37 @@ std::string Trainer::State::fixed_bytes_text() const {
                     : whole + ", " + sliced + " with --shard optimizer");
 }
 
+// The banner's data line: the data, the global batch, the steps and how micro-batches are sized.
+std::string Trainer::State::sizes_text_for_banner() const {
+  std::ostringstream text;
+  if (documents()) {
+    text << reader->schema().describe_documents() << "\nautoaccum: global batch ";
+    if (plan->by_tokens()) {
+      text << "up to " << options.global_batch_tokens << " tokens of whole documents (at most "
+           << plan->global_batch() << " documents)";
+    } else {
+      text << options.global_batch << " documents";
+    }
+    text << ", split between ranks by tokens (" << plan->batches_per_epoch()
+         << " batches per epoch), " << total_steps << " steps; micro-batch tokens "
+         << (micro_batches->automatic() ? "auto" : "fixed")
+         << (micro_batches->per_rank() ? " per rank" : "")
+         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
+         << " padded tokens (documents x longest)"
+         << (options.token_cost_by_memory
+                 ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
+                 : "")
+         << "; cut " << micro_batch_cost_text();
+  } else {
+    text << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
+         << plan->batches_per_epoch() << " batches per epoch), " << total_steps
+         << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
+         << (micro_batches->per_rank() ? " per rank" : "")
+         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe();
+  }
+  return text.str();
+}
+
 void Trainer::State::announce() {
   const std::size_t nodes = node_count();
   std::ostringstream banner;
@@ -536,31 +589,7 @@ void Trainer::State::announce() {
            << " buffer value(s) averaged over the ranks every step";
   }
   banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
-  if (documents()) {
-    banner << reader->schema().describe_documents() << "\nautoaccum: global batch ";
-    if (plan->by_tokens()) {
-      banner << "up to " << options.global_batch_tokens << " tokens of whole documents (at most "
-             << plan->global_batch() << " documents)";
-    } else {
-      banner << options.global_batch << " documents";
-    }
-    banner << ", split between ranks by tokens (" << plan->batches_per_epoch()
-           << " batches per epoch), " << total_steps << " steps; micro-batch tokens "
-           << (micro_batches->automatic() ? "auto" : "fixed")
-           << (micro_batches->per_rank() ? " per rank" : "")
-           << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
-           << " padded tokens (documents x longest)"
-           << (options.token_cost_by_memory
-                   ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
-                   : "")
-           << "; cut " << micro_batch_cost_text();
-  } else {
-    banner << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
-           << plan->batches_per_epoch() << " batches per epoch), " << total_steps
-           << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
-           << (micro_batches->per_rank() ? " per rank" : "")
-           << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe();
-  }
+  banner << sizes_text_for_banner();
   banner << "; memory limit " << memory_limit_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
   banner << "\nautoaccum: "

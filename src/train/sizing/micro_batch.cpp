@@ -192,4 +192,11 @@ std::string RankMicroBatches::describe() const {
   return text;
 }
 
+std::string sizes_text(const std::vector<std::int64_t>& sizes) {
+  std::string text;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text;
+}
+
 }  // namespace autoaccum::train

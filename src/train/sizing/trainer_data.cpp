@@ -19,7 +19,6 @@
 #include "autoaccum/train/model/objective.hpp"
 #include "autoaccum/train/sizing/balance.hpp"
 #include "autoaccum/train/sizing/micro_batch.hpp"
-#include "autoaccum/train/step/schedule.hpp"
 
 #include "../trainer_state.hpp"
 
@@ -98,6 +97,8 @@ void Trainer::State::warn_about_slow_data() const {
   core::write_line(stderr, line.str());
 }
 
+// The training data (and --val-data), the batch plan, the steps, the shares and the micro-batch
+// sizes: collective, every rank agreeing on any error.
 void Trainer::State::open_data() {
   const auto& o = options;
   comm::collectively(comm, [&] {
@@ -107,47 +108,8 @@ void Trainer::State::open_data() {
     const bool classification = schema.target().type == data::FieldType::kInt64;
     objective.emplace(Objective::choose(o.loss, schema.target(),
                                         classification ? *schema.num_classes : 0, o.ignore_index));
-    if (!o.val_data.empty()) {
-      val_reader = std::make_unique<data::SlabReader>(val_data_paths, o.inputs, o.targets, true,
-                                                      o.ignore_index);
-      const auto& a = reader->schema();
-      const auto& b = val_reader->schema();
-      if (a.documents != b.documents || a.fields.size() != b.fields.size()) {
-        throw InputError(
-            "--val-data '" + val_reader->paths().front() + "' holds " +
-            (b.documents ? "documents" : "rows") + " with " + std::to_string(b.fields.size()) +
-            " field(s), but --data '" + reader->paths().front() + "' holds " +
-            (a.documents ? "documents" : "rows") + " with " + std::to_string(a.fields.size()));
-      }
-      for (std::size_t i = 0; i < a.fields.size(); ++i) {
-        if (a.fields[i].type != b.fields[i].type ||
-            a.fields[i].row_shape != b.fields[i].row_shape) {
-          throw InputError(
-              "--val-data '" + val_reader->paths().front() + "': dataset '" + b.fields[i].name +
-              "' is " + data::to_string(b.fields[i].type) + " " +
-              shape_text(b.fields[i].row_shape) + " per row, but the training data's is " +
-              data::to_string(a.fields[i].type) + " " + shape_text(a.fields[i].row_shape));
-        }
-      }
-      // Checked now, not in the final evaluation after hours of training.
-      if (classification && b.max_label && *b.max_label >= objective->classes()) {
-        throw InputError("--val-data '" + val_reader->paths().front() + "': dataset '" + o.targets +
-                         "' has label " + std::to_string(*b.max_label) +
-                         ", outside the training data's " + std::to_string(objective->classes()) +
-                         " classes [0, " + std::to_string(objective->classes()) + ")");
-      }
-    }
-    if (o.global_batch_tokens > 0) {
-      if (!schema.documents) {
-        throw UsageError("--global-batch-tokens: --data '" + reader->paths().front() +
-                         "' holds rows, not documents; use --global-batch");
-      }
-      plan = std::make_unique<data::BatchPlan>(data::BatchPlan::by_tokens(
-          schema.lengths, o.global_batch_tokens, world, data::parse_shuffle(o.shuffle), o.seed));
-    } else {
-      plan = std::make_unique<data::BatchPlan>(schema.rows, o.global_batch, world,
-                                               data::parse_shuffle(o.shuffle), o.seed);
-    }
+    if (!o.val_data.empty()) open_validation();
+    make_plan();
     data_order = describe_data_order();
     if (root && !o.quiet) warn_about_slow_data();
     if (o.steps < 0 || o.epochs < 0) throw UsageError("--steps and --epochs must not be negative");
@@ -165,28 +127,81 @@ void Trainer::State::open_data() {
                        std::to_string(o.global_batch) +
                        ": lower --micro-batch or use --micro-batch auto");
     }
-    if (schema.documents) {
+    if (schema.documents)
       choose_token_budgets();
-    } else {
-      if (o.micro_batch_tokens_given) {
-        throw UsageError("--micro-batch-tokens: --data '" + reader->paths().front() +
-                         "' holds rows, not documents; use --micro-batch");
-      }
-      if (o.token_cost_by_memory) {
-        throw UsageError("--token-cost memory: --data '" + reader->paths().front() +
-                         "' holds rows, not documents: every row has the same width");
-      }
-      if (o.micro_batch_cost != TrainOptions::MicroBatchCost::kPieces) {
-        throw UsageError("--micro-batch-cost: --data '" + reader->paths().front() +
-                         "' holds rows, not documents: rows are cut into equal slices");
-      }
-      size_cap = plan->max_rank_rows();
-      fixed_size = o.micro_batch;
-      make_micro_batches({});
-    }
-    schedule = make_schedule(o.lr, o.warmup_steps, total_steps, o.schedule);
-    if (o.lr <= 0 || !std::isfinite(o.lr)) throw UsageError("--lr must be positive");
+    else
+      choose_row_sizes();
   });
+}
+
+// --val-data: the same kind of data as --data, checked now, not in the final evaluation after
+// hours of training.
+void Trainer::State::open_validation() {
+  const auto& o = options;
+  val_reader =
+      std::make_unique<data::SlabReader>(val_data_paths, o.inputs, o.targets, true, o.ignore_index);
+  const bool classification = reader->schema().target().type == data::FieldType::kInt64;
+  const auto& a = reader->schema();
+  const auto& b = val_reader->schema();
+  if (a.documents != b.documents || a.fields.size() != b.fields.size()) {
+    throw InputError("--val-data '" + val_reader->paths().front() + "' holds " +
+                     (b.documents ? "documents" : "rows") + " with " +
+                     std::to_string(b.fields.size()) + " field(s), but --data '" +
+                     reader->paths().front() + "' holds " + (a.documents ? "documents" : "rows") +
+                     " with " + std::to_string(a.fields.size()));
+  }
+  for (std::size_t i = 0; i < a.fields.size(); ++i) {
+    if (a.fields[i].type != b.fields[i].type || a.fields[i].row_shape != b.fields[i].row_shape) {
+      throw InputError("--val-data '" + val_reader->paths().front() + "': dataset '" +
+                       b.fields[i].name + "' is " + data::to_string(b.fields[i].type) + " " +
+                       shape_text(b.fields[i].row_shape) + " per row, but the training data's is " +
+                       data::to_string(a.fields[i].type) + " " + shape_text(a.fields[i].row_shape));
+    }
+  }
+  if (classification && b.max_label && *b.max_label >= objective->classes()) {
+    throw InputError("--val-data '" + val_reader->paths().front() + "': dataset '" + o.targets +
+                     "' has label " + std::to_string(*b.max_label) +
+                     ", outside the training data's " + std::to_string(objective->classes()) +
+                     " classes [0, " + std::to_string(objective->classes()) + ")");
+  }
+}
+
+// Which rows form each step's global batch: --global-batch rows (or documents), or documents
+// in order while their tokens stay within --global-batch-tokens.
+void Trainer::State::make_plan() {
+  const auto& o = options;
+  const auto& schema = reader->schema();
+  if (o.global_batch_tokens > 0) {
+    if (!schema.documents) {
+      throw UsageError("--global-batch-tokens: --data '" + reader->paths().front() +
+                       "' holds rows, not documents; use --global-batch");
+    }
+    plan = std::make_unique<data::BatchPlan>(data::BatchPlan::by_tokens(
+        schema.lengths, o.global_batch_tokens, world, data::parse_shuffle(o.shuffle), o.seed));
+  } else {
+    plan = std::make_unique<data::BatchPlan>(schema.rows, o.global_batch, world,
+                                             data::parse_shuffle(o.shuffle), o.seed);
+  }
+}
+
+// Rows: micro-batch sizes count rows, from the whole share down; the document options refused.
+void Trainer::State::choose_row_sizes() {
+  const auto& o = options;
+  if (o.micro_batch_tokens_given) {
+    throw UsageError("--micro-batch-tokens: --data '" + reader->paths().front() +
+                     "' holds rows, not documents; use --micro-batch");
+  }
+  if (o.token_cost_by_memory) {
+    throw UsageError("--token-cost memory: --data '" + reader->paths().front() +
+                     "' holds rows, not documents: every row has the same width");
+  }
+  if (o.micro_batch_cost != TrainOptions::MicroBatchCost::kPieces) {
+    throw UsageError("--micro-batch-cost: --data '" + reader->paths().front() +
+                     "' holds rows, not documents: rows are cut into equal slices");
+  }
+  size_cap = plan->max_rank_rows();
+  fixed_size = o.micro_batch;
+  make_micro_batches({});
 }
 
 // Document data: micro-batch sizes are budgets of padded tokens. `auto` starts at the largest

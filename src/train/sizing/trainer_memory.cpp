@@ -62,185 +62,82 @@ void Trainer::State::learn_memory(const StepOutcome& outcome) {
   }
 }
 
-// Two real micro-batches per rank before the first step, a small one and one twice its size
-// (each the first micro-batch of the rank's share of the first batch at that size, rolled back),
-// then every rank starts at the largest size its memory model predicts to fit. A size that runs
-// out while probing halves the probe; a second size that does not fit bounds the prediction and
-// the probe takes a smaller second point instead. Documents under --token-cost memory take a
-// third point: the largest budget that fitted, spent on the share's shorter documents
-// (data::narrow_piece), so that the model tells a wide token's cost from a narrow one's
-// (data::WidthCost); a share of documents alike in length has none. Every decision comes from the
-// agreed outcomes: the same on every rank, with no collective besides each attempt's own.
-void Trainer::State::probe_memory(const data::Batch& slab) {
-  if (!predict_pending) return;
-  predict_pending = false;
-  const auto start = Clock::now();
-  const std::string unit = documents() ? "token" : "row";
+// What the memory probe starts from (sizing/memory_probe.hpp; the step drives it).
+MemoryProbe::Setup Trainer::State::memory_probe_setup() const {
+  MemoryProbe::Setup setup;
+  setup.world = world;
+  setup.documents = documents();
   // Rows: at least 2, since BatchNorm cannot train on one row. Documents: the longest document.
-  const std::int64_t low = documents() ? size_floor : std::min<std::int64_t>(2, size_cap);
-  struct Probe {
-    std::int64_t small = 0, large = 0;
-    // 0: small untried, 1: large untried, 2: the smaller second point, 3: done, 4: documents'
-    // narrow point untried (after the others)
-    int stage = 0;
-    std::int64_t failed = 0;  // the smallest probe size that ran out
-    std::int64_t fitted = 0;  // the largest probe size that fitted
-    int sizes_fitted = 0;     // how many probe sizes fitted
-  };
-  // The first size: small enough to fit in the usual case (rows: a sixteenth of the share;
-  // documents: the longest document alone, the budget's floor).
-  std::vector<Probe> probes(static_cast<std::size_t>(world));
-  for (auto& p : probes)
-    p.small = documents() ? low : std::max(low, size_cap / 16);
-  const auto size_of = [](const Probe& p) {
-    switch (p.stage) {
-      case 0:
-        return p.small;
-      case 1:
-        return p.large;
-      case 2:
-        return p.small / 2;
-      case 4:
-        return p.fitted;
-      default:
-        return std::int64_t{0};
-    }
-  };
-  // The sizes are measured: with --token-cost memory, documents then take the narrow point, at
-  // the largest budget that fitted, once two budgets fitted (a slope per token at the longest
-  // width to tell the narrow point's from; one wide point and a narrow one fit nothing).
-  const bool narrow = documents() && options.token_cost_by_memory;
-  const auto sizes_done = [&](Probe& p) { p.stage = narrow && p.sizes_fitted >= 2 ? 4 : 3; };
-  std::int64_t attempts = 0;
-  std::vector<int> nothing_fits;  // ranks whose smallest probe ran out
-  for (;;) {
-    if (std::all_of(probes.begin(), probes.end(), [](const Probe& p) { return p.stage == 3; }))
-      break;
-    const Probe& mine = probes[static_cast<std::size_t>(rank)];
-    const StepOutcome outcome = attempt(
-        slab, size_of(mine), mine.stage == 4 ? ProbePiece::kNarrowPiece : ProbePiece::kFirstPiece);
-    ++attempts;
-    fail_if_refused(outcome);
-    if (outcome.abandoned || outcome.stop) {
-      // A stop signal while probing: start without a prediction; the step loop stops.
-      break;
-    }
-    for (int r = 0; r < world; ++r) {
-      const auto i = static_cast<std::size_t>(r);
-      Probe& p = probes[i];
-      if (p.stage == 3) continue;
-      if (p.stage == 4) {
-        // A shape, not a size: the memory model has it (or its out-of-memory) either way.
-        p.stage = 3;
-        continue;
-      }
-      const std::int64_t tried = size_of(p);
-      const bool ran_out = std::find(outcome.out_of_memory.begin(), outcome.out_of_memory.end(),
-                                     r) != outcome.out_of_memory.end();
-      if (ran_out) p.failed = p.failed > 0 ? std::min(p.failed, tried) : tried;
-      if (!ran_out) {
-        p.fitted = std::max(p.fitted, tried);
-        ++p.sizes_fitted;
-      }
-      if (p.stage == 0 && ran_out) {
-        if (p.small <= low) {
-          nothing_fits.push_back(r);
-          continue;
-        }
-        p.small = std::max(low, p.small / 2);
-      } else if (p.stage == 0) {
-        // The second size from the first measurement: half of what the first one's bytes per
-        // unit (above the state the rank held before it) say would fill the limit, so that the
-        // two points lie far apart and the second still fits in the usual case. A share smaller
-        // than the size tried (the whole share measured) or no limit on this rank: nothing more to
-        // learn.
-        const double measured = outcome.peak_shapes[i].units;
-        const double per_unit =
-            measured > 0
-                ? static_cast<double>(outcome.peak_bytes[i] - outcome.base_bytes[i]) / measured
-                : 0.0;
-        const double room = static_cast<double>(rank_limits[i] - outcome.base_bytes[i]);
-        if ((!documents() && measured < static_cast<double>(tried)) || rank_limits[i] <= 0) {
-          p.stage = 3;  // nothing to predict: no narrow point either
-        } else {
-          const auto half_of_fill =
-              per_unit > 0 ? static_cast<std::int64_t>(0.5 * room / per_unit) : 2 * p.small;
-          // At least twice the first: a second point close to the first says little (an
-          // attempt may hold a large fixed cost beyond the state, such as gradients being
-          // accumulated: the first point alone would count it per row), and for documents a
-          // smaller budget would not change the shape. If it runs out, that bounds the model.
-          p.large = std::min(size_cap, std::max(half_of_fill, 2 * p.small));
-          if (p.large >= p.small + std::max<std::int64_t>(1, p.small / 2)) {
-            p.stage = 1;
-          } else if (p.small / 2 >= low && p.small / 2 < p.small) {
-            p.stage = 2;  // the first size is already near the limit: a second one below it
-          } else {
-            sizes_done(p);
-          }
-        }
-      } else if (p.stage == 1) {
-        // A second point below the first when the larger one did not fit.
-        if (ran_out && p.small / 2 >= low && p.small / 2 < p.small)
-          p.stage = 2;
-        else
-          sizes_done(p);
-      } else {
-        sizes_done(p);
-      }
-    }
-    if (!nothing_fits.empty()) {
-      // The smallest probe ran out: the state the model keeps whatever the micro-batch leaves
-      // no room. One line, before halving to sizes that cannot help.
-      std::int64_t peak = 0;
-      for (int r : nothing_fits)
-        peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
-      StepOutcome which;
-      which.out_of_memory = nothing_fits;
-      std::ostringstream message;
-      message << which.ranks_text() << " ran out of memory on a micro-batch of " << low << " "
-              << unit << (low == 1 ? "" : "s") << " while probing memory before the first step ("
-              << limit_text(options.memory_limits.empty() ? std::vector<int>{} : nothing_fits)
-              << ", peak " << memory::format_bytes(peak)
-              << "): the model's parameters, gradients and optimizer state leave no room for "
-                 "its activations; raise --memory-limit, use more memory per rank or a smaller "
-                 "model"
-              << (options.optimizer == "adamw" ? ", or --optimizer sgd (no moment buffers)" : "");
-      fail_run(message.str(), ExitCode::kOutOfMemory);
-    }
-  }
+  setup.low = documents() ? size_floor : std::min<std::int64_t>(2, size_cap);
+  setup.size_cap = size_cap;
+  setup.narrow_point = documents() && options.token_cost_by_memory;
+  setup.limits = rank_limits;
+  return setup;
+}
 
-  // The prediction per rank; a rank with nothing to predict from keeps its whole share (or the
-  // largest probe that fitted, when one ran out).
+// The smallest probe ran out: the state the model keeps whatever the micro-batch leaves no room.
+// One line, before halving to sizes that cannot help.
+void Trainer::State::fail_nothing_fits(const MemoryProbe& probe, const AttemptOutcome& outcome) {
+  const std::vector<int>& nothing_fits = probe.nothing_fits();
+  const std::int64_t low = probe.low();
+  const std::string unit = documents() ? "token" : "row";
+  std::int64_t peak = 0;
+  for (int r : nothing_fits)
+    peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
+  AttemptOutcome which;
+  which.out_of_memory = nothing_fits;
+  std::ostringstream message;
+  message << which.ranks_text() << " ran out of memory on a micro-batch of " << low << " " << unit
+          << (low == 1 ? "" : "s") << " while probing memory before the first step ("
+          << limit_text(options.memory_limits.empty() ? std::vector<int>{} : nothing_fits)
+          << ", peak " << memory::format_bytes(peak)
+          << "): the model's parameters, gradients and optimizer state leave no room for "
+             "its activations; raise --memory-limit, use more memory per rank or a smaller "
+             "model"
+          << (options.optimizer == "adamw" ? ", or --optimizer sgd (no moment buffers)" : "");
+  fail_run(message.str(), ExitCode::kOutOfMemory);
+}
+
+// Rank r's starting size from its memory model (and the probe's sizes), with its line of the
+// prediction.
+std::int64_t Trainer::State::predicted_size(const MemoryProbe& probe, int r,
+                                            MemoryPrediction::Rank& line) const {
+  const auto i = static_cast<std::size_t>(r);
+  const double width = documents() ? static_cast<double>(size_floor) : 0.0;
+  const auto predicted =
+      memory_models[i].largest(rank_limits[i], options.memory_margin, size_cap, width);
+  std::int64_t size = predicted ? *predicted : probe.failed(r) > 0 ? probe.fitted(r) : size_cap;
+  // A size the probe measured is kept even when the margin says less.
+  if (predicted) size = std::max(*predicted, probe.fitted(r));
+  line.rank = r;
+  line.limit = rank_limits[i];
+  line.predicted = predicted ? *predicted : -1;
+  line.fitted = predicted.has_value();
+  if (const auto fit = memory_models[i].fit()) line.fit = *fit;
+  size = std::max(size, size_floor);
+  if (!documents() && size < size_cap) {
+    // As many micro-batches as the prediction needs, evened out: the same accumulation with
+    // smaller micro-batches (256 rows at 215 run as 2 x 128), so more room to spare.
+    const std::int64_t count = (size_cap + size - 1) / size;
+    size = (size_cap + count - 1) / count;
+  }
+  return size;
+}
+
+// Every rank starts at its memory model's prediction; a rank with nothing to predict from keeps
+// its whole share (or the largest probe that fitted, when one ran out).
+void Trainer::State::start_from_probe(const MemoryProbe& probe, double seconds) {
+  const std::string unit = documents() ? "token" : "row";
   std::vector<std::int64_t> sizes, failed;
   MemoryPrediction event;
   event.step = step;
   event.unit = unit;
   event.margin = options.memory_margin;
-  event.probe_attempts = attempts;
+  event.probe_attempts = probe.attempts();
   for (int r = 0; r < world; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    const Probe& p = probes[i];
-    const double width = documents() ? static_cast<double>(size_floor) : 0.0;
-    const auto predicted =
-        memory_models[i].largest(rank_limits[i], options.memory_margin, size_cap, width);
-    std::int64_t size = predicted ? *predicted : p.failed > 0 ? p.fitted : size_cap;
-    // A size the probe measured is kept even when the margin says less.
-    if (predicted) size = std::max(*predicted, p.fitted);
     MemoryPrediction::Rank line;
-    line.rank = r;
-    line.limit = rank_limits[i];
-    line.predicted = predicted ? *predicted : -1;
-    line.fitted = predicted.has_value();
-    if (const auto fit = memory_models[i].fit()) line.fit = *fit;
-    size = std::max(size, size_floor);
-    if (!documents() && size < size_cap) {
-      // As many micro-batches as the prediction needs, evened out: the same accumulation with
-      // smaller micro-batches (256 rows at 215 run as 2 x 128), so more room to spare.
-      const std::int64_t count = (size_cap + size - 1) / size;
-      size = (size_cap + count - 1) / count;
-    }
-    sizes.push_back(size);
-    failed.push_back(p.failed);
+    sizes.push_back(predicted_size(probe, r, line));
+    failed.push_back(probe.failed(r));
     event.ranks.push_back(line);
   }
   if (!micro_batches->per_rank()) {
@@ -255,7 +152,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
   micro_batches->start_at(sizes, failed);
   for (auto& line : event.ranks)
     line.used = micro_batches->current(line.rank);
-  if (narrow && !fixed_size) {
+  if (documents() && options.token_cost_by_memory && !fixed_size) {
     // The budgets were predicted at the longest document's width: with --token-cost memory, a
     // piece of narrower documents may take more tokens for the same predicted peak
     // (data::WidthCost).
@@ -267,7 +164,7 @@ void Trainer::State::probe_memory(const data::Batch& slab) {
             data::WidthCost{fit->per_square / fit->per_unit, size_floor};
     }
   }
-  event.seconds = seconds_since(start);
+  event.seconds = seconds;
   memory::release_cached_memory();
   prediction = event;
   notify([&](StepObserver& o) { o.on_prediction(event); });

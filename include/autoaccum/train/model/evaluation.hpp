@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "autoaccum/comm/communicator.hpp"
@@ -12,9 +13,19 @@
 #include "autoaccum/train/model/model.hpp"
 #include "autoaccum/train/model/objective.hpp"
 #include "autoaccum/train/model/precision.hpp"
-#include "autoaccum/train/run/observers.hpp"
 
 namespace autoaccum::train {
+
+// The validation loss after a step, summed over the ranks.
+struct EvalEvent {
+  std::int64_t step = 0;
+  double loss = 0;
+  double accuracy = 0;  // NaN for regression
+  bool classification = true;
+  std::int64_t rows = 0;
+  std::int64_t counted = 0;  // what the loss averages over: rows, tokens (not ignored), values
+  std::string unit = "row";  // "row", "token", "value"
+};
 
 // One micro-batch's forward pass and loss terms: autoaccum's objective on the output, or the
 // model's own (loss_sum, weight) with --loss model (then `output` is undefined).

@@ -22,9 +22,9 @@ class ModelState {
   // Floats this state adds to the step's all-reduce. One per element of every float32, half,
   // bfloat16 or integer buffer (BatchNorm's running statistics and num_batches_tracked): their
   // changes are summed over the ranks in float, exact for integers while the sum stays below
-  // 2^24. A float64 buffer's change keeps its 53 bits: each rank writes it as kExactSlots floats
-  // (step_agreement.hpp) into slots of its own, kExactSlots x world per element, and every rank
-  // adds the ranks' changes up in double, in rank order, alike.
+  // 2^24. A float64 buffer's change keeps its 53 bits: each rank writes it as comm::kExactSlots
+  // floats (comm/exact_slots.hpp) into slots of its own, comm::kExactSlots x world per element, and
+  // every rank adds the ranks' changes up in double, in rank order, alike.
   std::int64_t reduce_count() const noexcept { return reduce_count_; }
   std::int64_t averaged_values() const noexcept { return averaged_values_; }  // buffer elements
   std::int64_t buffer_count() const noexcept { return static_cast<std::int64_t>(buffers_.size()); }
@@ -59,10 +59,10 @@ class ModelState {
   std::vector<at::Tensor> saved_generators_;
 };
 
-// Double values as the float pieces write_exact (step_agreement.hpp) makes of them, computed on
-// their device without a host synchronisation: kExactSlots floats per value, one value after
-// the other (for finite values in float's range). Used for the step's exact control values and
-// float64 buffer changes.
+// Double values as the float pieces comm::write_exact (comm/exact_slots.hpp) makes of them,
+// computed on their device without a host synchronisation: comm::kExactSlots floats per value, one
+// value after the other (for finite values in float's range). Used for the step's exact control
+// values and float64 buffer changes.
 at::Tensor exact_pieces(const at::Tensor& values);
 
 // Seeds every generator of this process from the run's seed and the rank: dropout masks differ

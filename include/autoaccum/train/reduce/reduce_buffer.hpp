@@ -27,9 +27,6 @@ class ReduceBuffer {
   const ReduceLayout& layout() const noexcept { return layout_; }
   at::Tensor& all() noexcept { return buffer_; }
   at::Tensor view(ReduceLayout::Handle region) const;  // a 1-D view of one region
-  // Host arrays of a region's size: one copy each way (a device copy on a GPU).
-  void write(ReduceLayout::Handle region, const float* host);
-  void read(ReduceLayout::Handle region, float* host) const;
   void zero();
 
  private:

@@ -7,11 +7,13 @@
 
 namespace autoaccum::train {
 
-// Each attempt at a step ends in exactly one all-reduce (a sum) of one float32 buffer. What
-// travels in it is decided by the components that register a region here: the gradients, the
-// control values every rank contributes (out-of-memory flags, peaks, loss, stop), the changes of
-// the model's buffers (BatchNorm statistics). A later feature (loss normalisers, step times)
-// adds a region instead of another collective.
+// What an attempt at a step reduces lives in one float32 buffer of named regions: the gradients,
+// the control values every rank contributes (out-of-memory flags, peaks, loss, stop), the changes
+// of the model's buffers (BatchNorm statistics). A later feature adds a region, not another
+// collective. The reducer decides how it travels (reducer.hpp): one all-reduce after the last
+// backward pass, buckets all-reduced during it (--overlap), or one reduce-scatter whose every
+// chunk carries the regions besides the gradients (--shard optimizer); every rank reads the
+// control region once the attempt's last collective is done.
 class ReduceLayout {
  public:
   struct Region {
@@ -27,7 +29,6 @@ class ReduceLayout {
   const Region* find(const std::string& name) const;
   const std::vector<Region>& regions() const noexcept { return regions_; }
   std::int64_t size() const noexcept { return size_; }  // floats in all
-  std::string describe() const;  // "gradients 1234 + control 6 (1240 floats)"
 
  private:
   std::vector<Region> regions_;

@@ -126,4 +126,7 @@ class RankMicroBatches {
   bool per_rank_ = false;
 };
 
+// "64" or "64, 32" (a list of sizes for messages).
+std::string sizes_text(const std::vector<std::int64_t>& sizes);
+
 }  // namespace autoaccum::train

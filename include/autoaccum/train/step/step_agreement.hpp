@@ -5,35 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "autoaccum/comm/exact_slots.hpp"
+#include "autoaccum/train/sizing/attempt_outcome.hpp"
 #include "autoaccum/train/sizing/memory_model.hpp"
 
 namespace autoaccum::train {
 
-// Where in an attempt a rank was when memory ran out.
-// kRefused: not out of memory, but the model raised an error on a micro-batch smaller than one
-// this rank tried before an out-of-memory lowered it (BatchNorm on one row): the run ends there.
-enum class AttemptPhase : int {
-  kNone = 0,
-  kForward = 1,
-  kLoss = 2,
-  kBackward = 3,
-  kBuffers = 4,
-  kRefused = 5
-};
-const char* phase_name(AttemptPhase phase) noexcept;  // "forward", "backward", ...
-
-// A double carried exactly by float32 slots: three floats whose sum, taken in double, is the
-// value (53 bits of mantissa in three pieces of 24). A slot that only one rank writes arrives
-// unchanged through a sum over ranks (x + 0 = x), so counts and loss sums stay exact at any
-// size (a float slot stops counting exactly at 2^24 tokens) and are added up in double, in rank
-// order, by every rank alike.
-constexpr std::size_t kExactSlots = 3;
-void write_exact(double value, float* slots) noexcept;
-double read_exact(const float* slots) noexcept;
-
 // The control region of the step's all-reduce: what each rank contributes besides gradients.
-// Every slot is summed over the ranks, so a per-rank value has a slot (or kExactSlots) per rank
-// that only that rank writes.
+// Every slot is summed over the ranks, so a per-rank value has a slot (or comm::kExactSlots) per
+// rank that only that rank writes.
 struct ControlLayout {
   int world = 1;
   std::size_t oom(int rank) const { return index(0, rank); }    // 1: it ran out
@@ -44,7 +24,7 @@ struct ControlLayout {
   // The micro-batches its plan cut the rank's share into (documents: so that no rank computes
   // another's plan to log it).
   std::size_t pieces(int rank) const { return index(3, rank); }
-  // Exact values (kExactSlots each): its peak memory in the attempt in bytes, its summed loss
+  // Exact values (comm::kExactSlots each): its peak memory in the attempt in bytes, its summed loss
   // and the count of what that loss counted (rows, tokens).
   std::size_t peak_bytes(int rank) const { return exact(0, rank); }
   std::size_t loss(int rank) const { return exact(1, rank); }
@@ -68,7 +48,7 @@ struct ControlLayout {
     return static_cast<std::size_t>(field * world + rank);
   }
   std::size_t exact(int field, int rank) const {
-    return index(4, 0) + kExactSlots * static_cast<std::size_t>(field * world + rank);
+    return index(4, 0) + comm::kExactSlots * static_cast<std::size_t>(field * world + rank);
   }
 };
 
@@ -90,28 +70,11 @@ struct RankReport {
 // on the device, without a host synchronisation.
 void write_report(const ControlLayout& layout, int rank, const RankReport& report, float* control);
 
-struct StepOutcome {
-  std::vector<int> out_of_memory;            // ranks that ran out of memory, ascending
-  std::vector<std::int64_t> peak_bytes;      // per rank, this attempt
-  std::vector<MicroBatchShape> peak_shapes;  // per rank: the micro-batch of its peak (or OOM)
-  std::vector<std::int64_t> base_bytes;      // per rank: live bytes when the attempt began
-  std::vector<AttemptPhase> phases;          // per rank: where it ran out (kNone: it did not)
-  std::vector<double> compute_seconds;       // per rank: its time computing, before the collective
-  // Per rank, the attempt's plan: micro-batches, and for documents real and padded tokens.
-  std::vector<std::int64_t> pieces, tokens, padded_tokens;
-  bool stop = false;       // some rank received a stop signal
-  bool abandoned = false;  // some rank stopped between micro-batches: the step is not taken
-  double loss_sum = 0;     // the loss summed over everything the ranks counted
-  double weight = 0;       // how many items (rows, tokens, values) that was
-  double loss = 0;  // the global batch's mean loss: loss_sum / weight (0 when nothing counted)
-  bool succeeded() const noexcept { return out_of_memory.empty() && !abandoned; }
-  // Ranks whose model refused a smaller micro-batch (phase kRefused; also in out_of_memory, so
-  // the attempt fails like one that ran out).
-  std::vector<int> refused() const;
-  std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
-  // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in
-  // forward, rank 1 in backward)".
-  std::string phases_text() const;
+// An attempt's agreed outcome, with the loss the ranks computed.
+struct StepOutcome : AttemptOutcome {
+  double loss_sum = 0;  // the loss summed over everything the ranks counted
+  double weight = 0;    // how many items (rows, tokens, values) that was
+  double loss = 0;      // the global batch's mean loss: loss_sum / weight (0 when nothing counted)
 };
 // Pure: every rank calls it on the same reduced array and so takes the same decision.
 StepOutcome agree_on_step(const ControlLayout& layout, const float* reduced);
