@@ -3,6 +3,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,7 @@ std::optional<std::int64_t> positive_integer(const std::string& text) {
     std::size_t used = 0;
     const long long value = std::stoll(text, &used);
     if (used == text.size() && value >= 1) return value;
-  } catch (const std::exception&) {
+  } catch (const std::logic_error&) {  // std::stoll: not a number, or out of range
   }
   return std::nullopt;
 }
@@ -74,7 +75,7 @@ train::TrainOptions::MicroBatchCost parse_micro_batch_cost(const std::string& te
       std::size_t used = 0;
       number = std::stod(value, &used);
       if (used != value.size()) throw std::invalid_argument(value);
-    } catch (const std::exception&) {
+    } catch (const std::logic_error&) {  // not a number, trailing text, or out of range
       throw refuse("has '" + value + "', not a number");
     }
     if (!(number >= 0) || !std::isfinite(number)) throw refuse("has " + value + " below 0");

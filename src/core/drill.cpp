@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <stdexcept>
 
 namespace autoaccum::core {
 
@@ -37,7 +38,7 @@ std::vector<DrillItem> parse_drill(const std::string& option, const std::string&
         std::size_t used = 0;
         number = std::stod(value, &used);
         if (used != value.size()) throw std::invalid_argument("trailing");
-      } catch (...) {
+      } catch (const std::logic_error&) {  // not a number, trailing text, or out of range
         throw bad("'" + value + "' is not a number");
       }
       if (listed(whole, key) && (number < 0 || number != std::floor(number)))

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <new>
 #include <sstream>
+#include <stdexcept>
 
 #include "autoaccum/compat/torch_compat.hpp"
 #include "autoaccum/core/drill.hpp"
@@ -113,7 +114,7 @@ std::int64_t parse_size(const std::string& text, const std::string& option) {
   double number = 0;
   try {
     number = std::stod(lower, &used);
-  } catch (...) {
+  } catch (const std::logic_error&) {  // not a number, or out of range
     throw bad();
   }
   const std::string unit = lower.substr(used);

@@ -42,7 +42,9 @@ class Trainer {
   TrainResult run();
 
   Model& model();
-  // A copy of the last all-reduced gradient (the gradient of the mean loss over the global batch).
+  // A copy of the last step's gradient, all ranks' sum (the gradient of the mean loss over the
+  // global batch), in parameter order. --shard optimizer on more than one rank leaves a rank only
+  // its slice of that sum: Error there.
   at::Tensor last_gradient() const;
 
  private:

@@ -340,6 +340,8 @@ Model& Trainer::model() {
 }
 
 at::Tensor Trainer::last_gradient() const {
+  if (state_->sharded())
+    throw Error("last_gradient: under --shard optimizer a rank holds only its slice of the sum");
   // In parameter order (the buffer holds them in reverse).
   std::vector<at::Tensor> flat;
   for (const auto& p : state_->parameters.trainable)

@@ -16,39 +16,55 @@ namespace autoaccum::train {
 // rank that only that rank writes.
 struct ControlLayout {
   int world = 1;
-  std::size_t oom(int rank) const { return index(0, rank); }    // 1: it ran out
-  std::size_t phase(int rank) const { return index(1, rank); }  // where (AttemptPhase)
+  // Slots with one float per rank, then slots of comm::kExactSlots floats per rank; fields in
+  // this order.
+  enum class Float : int { kOom, kPhase, kComputeSeconds, kPieces, kCount };
+  enum class Exact : int {
+    kPeakBytes,
+    kLoss,
+    kWeight,
+    kShapeUnits,
+    kShapeSquare,
+    kBaseBytes,
+    kTokens,
+    kPaddedTokens,
+    kStop,  // rank 0's slot only: any rank's stop signal
+    kCount
+  };
+  std::size_t oom(int rank) const { return index(Float::kOom, rank); }      // 1: it ran out
+  std::size_t phase(int rank) const { return index(Float::kPhase, rank); }  // where (AttemptPhase)
   // Seconds the rank spent computing its part of the attempt (before the collective): the
   // speeds --balance throughput shares the batch by.
-  std::size_t compute_seconds(int rank) const { return index(2, rank); }
+  std::size_t compute_seconds(int rank) const { return index(Float::kComputeSeconds, rank); }
   // The micro-batches its plan cut the rank's share into (documents: so that no rank computes
   // another's plan to log it).
-  std::size_t pieces(int rank) const { return index(3, rank); }
-  // Exact values (comm::kExactSlots each): its peak memory in the attempt in bytes, its summed loss
-  // and the count of what that loss counted (rows, tokens).
-  std::size_t peak_bytes(int rank) const { return exact(0, rank); }
-  std::size_t loss(int rank) const { return exact(1, rank); }
-  std::size_t weight(int rank) const { return exact(2, rank); }
+  std::size_t pieces(int rank) const { return index(Float::kPieces, rank); }
+  // Exact values: its peak memory in the attempt in bytes, its summed loss and the count of what
+  // that loss counted (rows, tokens).
+  std::size_t peak_bytes(int rank) const { return exact(Exact::kPeakBytes, rank); }
+  std::size_t loss(int rank) const { return exact(Exact::kLoss, rank); }
+  std::size_t weight(int rank) const { return exact(Exact::kWeight, rank); }
   // The micro-batch the peak belongs to (the one with the highest peak, or the one that ran out):
   // rows or padded tokens, and rows x width^2 for documents (train/memory_model.hpp).
-  std::size_t shape_units(int rank) const { return exact(3, rank); }
-  std::size_t shape_square(int rank) const { return exact(4, rank); }
+  std::size_t shape_units(int rank) const { return exact(Exact::kShapeUnits, rank); }
+  std::size_t shape_square(int rank) const { return exact(Exact::kShapeSquare, rank); }
   // Its live bytes when the attempt began: the state it holds whatever the micro-batch.
-  std::size_t base_bytes(int rank) const { return exact(5, rank); }
+  std::size_t base_bytes(int rank) const { return exact(Exact::kBaseBytes, rank); }
   // Documents: the real and the padded tokens of the rank's plan.
-  std::size_t tokens(int rank) const { return exact(6, rank); }
-  std::size_t padded_tokens(int rank) const { return exact(7, rank); }
-  std::size_t stop() const { return exact(8, 0); }  // signals
+  std::size_t tokens(int rank) const { return exact(Exact::kTokens, rank); }
+  std::size_t padded_tokens(int rank) const { return exact(Exact::kPaddedTokens, rank); }
+  std::size_t stop() const { return exact(Exact::kStop, 0); }  // signals
   // Ranks that left micro-batches undone because a stop signal came between two of them.
   std::size_t abandoned() const { return stop() + 1; }
   std::int64_t count() const { return static_cast<std::int64_t>(abandoned()) + 1; }
 
  private:
-  std::size_t index(int field, int rank) const {
-    return static_cast<std::size_t>(field * world + rank);
+  std::size_t index(Float field, int rank) const {
+    return static_cast<std::size_t>(static_cast<int>(field) * world + rank);
   }
-  std::size_t exact(int field, int rank) const {
-    return index(4, 0) + comm::kExactSlots * static_cast<std::size_t>(field * world + rank);
+  std::size_t exact(Exact field, int rank) const {
+    return index(Float::kCount, 0) +
+           comm::kExactSlots * static_cast<std::size_t>(static_cast<int>(field) * world + rank);
   }
 };
 
