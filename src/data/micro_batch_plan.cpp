@@ -24,46 +24,58 @@ MicroBatchPlan plan_rows(std::int64_t rows, std::int64_t size) {
   return plan;
 }
 
-MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
-                              WidthCost cost, std::optional<PieceCost> time) {
-  if (budget < 1) throw Error("plan_documents: budget " + std::to_string(budget));
-  const double ratio = cost.ratio > 0 && std::isfinite(cost.ratio) ? cost.ratio : 0.0;
-  // Whether count documents at width w fit: exact integers without a ratio.
-  const auto fits = [&](std::int64_t count, std::int64_t width) {
+namespace {
+
+// Whether `count` documents at width `width` fit a budget: exact integers without a width cost;
+// with one, the memory the budget takes at the reference width (WidthCost).
+struct BudgetFit {
+  std::int64_t budget = 1;
+  double ratio = 0;
+  std::int64_t reference = 0;
+  bool operator()(std::int64_t count, std::int64_t width) const {
     if (ratio == 0) return count * width <= budget;
     const auto w = static_cast<double>(width);
-    const double reference = static_cast<double>(std::max(cost.reference, width));
+    const double at = static_cast<double>(std::max(reference, width));
     return static_cast<double>(count) * w * (1 + ratio * w) <=
-           static_cast<double>(budget) * (1 + ratio * reference);
-  };
-  std::vector<std::int64_t> order(lengths.size());
-  std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+           static_cast<double>(budget) * (1 + ratio * at);
+  }
+};
+
+// The documents longest first (stable): `order[k]` is the k-th longest's index, `sorted[k]` its
+// length (at least 1: an empty document still takes a slot).
+struct LengthOrder {
+  std::vector<std::int64_t> order, sorted;
+};
+LengthOrder length_order(const std::vector<std::int64_t>& lengths) {
+  LengthOrder by;
+  by.order.resize(lengths.size());
+  std::iota(by.order.begin(), by.order.end(), std::int64_t{0});
+  std::stable_sort(by.order.begin(), by.order.end(), [&](std::int64_t a, std::int64_t b) {
     return lengths[static_cast<std::size_t>(a)] > lengths[static_cast<std::size_t>(b)];
   });
-  const auto n = order.size();
-  // sorted[k]: the k-th longest length (at least 1: an empty document still takes a slot).
-  std::vector<std::int64_t> sorted(n);
-  for (std::size_t k = 0; k < n; ++k)
-    sorted[k] = std::max<std::int64_t>(1, lengths[static_cast<std::size_t>(order[k])]);
-  // The pieces are runs [j, i) of that order, of width sorted[j]. A run of one always fits (a
-  // document longer than the budget goes alone); a longer run fits by `fits`, which fails for
-  // every earlier j once it fails (more documents, no narrower).
+  for (const std::int64_t k : by.order)
+    by.sorted.push_back(std::max<std::int64_t>(1, lengths[static_cast<std::size_t>(k)]));
+  return by;
+}
+
+// Where each piece starts. The pieces are runs [j, i) of the length order, of width sorted[j]. A
+// run of one always fits (a document longer than the budget goes alone); a longer run fits by
+// `fits`, which fails for every earlier j once it fails (more documents, no narrower). The cut:
+// the fewest pieces, and among those the least padding, found exactly by a shortest path over the
+// cut points (best[i]: the fewest pieces and then the fewest padded tokens that hold the first i
+// documents); with a PieceCost the path's length is its predicted time instead. Ties keep the
+// earlier pieces full (the greedy cut's shape). When the runs to weigh are too many (hundreds of
+// thousands of short documents under a large budget), the greedy cut (each piece as full as it
+// fits, also the fewest pieces) is used instead.
+std::vector<std::size_t> cut_starts(const std::vector<std::int64_t>& sorted, const BudgetFit& fits,
+                                    std::optional<PieceCost> time) {
+  const std::size_t n = sorted.size();
   const auto fits_run = [&](std::size_t j, std::size_t i) {
     return i - j == 1 || fits(static_cast<std::int64_t>(i - j), sorted[j]);
   };
-  // Where each piece starts. The cut: the fewest pieces, and among those the least padding,
-  // found exactly by a shortest path over the cut points (best[i]: the fewest pieces and then
-  // the fewest padded tokens that hold the first i documents). Ties keep the earlier pieces
-  // full (the greedy cut's shape). When the runs to weigh are too many (hundreds of thousands
-  // of short documents under a large budget), the greedy cut (each piece as full as it fits,
-  // also the fewest pieces) is used instead.
-  std::vector<std::size_t> starts;
-  // With a PieceCost the path's length is its predicted time instead (doubles; `time` unused
-  // for the pieces and padding then).
   struct Best {
     std::int64_t pieces, padded;
-    double time;
+    double time;  // with a PieceCost (pieces and padding unused then)
     std::size_t from;
   };
   constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
@@ -87,27 +99,40 @@ MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int
       }
     }
   }
+  std::vector<std::size_t> starts;
   if (runs <= kMostRuns) {
     for (std::size_t i = n; i > 0; i = best[i].from)
       starts.push_back(best[i].from);
     std::reverse(starts.begin(), starts.end());
-  } else {
-    for (std::size_t i = 0; i < n;) {
-      starts.push_back(i);
-      std::size_t end = i + 1;
-      while (end < n && fits_run(i, end + 1))
-        ++end;
-      i = end;
-    }
+    return starts;
   }
+  for (std::size_t i = 0; i < n;) {
+    starts.push_back(i);
+    std::size_t end = i + 1;
+    while (end < n && fits_run(i, end + 1))
+      ++end;
+    i = end;
+  }
+  return starts;
+}
+
+}  // namespace
+
+MicroBatchPlan plan_documents(const std::vector<std::int64_t>& lengths, std::int64_t budget,
+                              WidthCost cost, std::optional<PieceCost> time) {
+  if (budget < 1) throw Error("plan_documents: budget " + std::to_string(budget));
+  const double ratio = cost.ratio > 0 && std::isfinite(cost.ratio) ? cost.ratio : 0.0;
+  const LengthOrder by = length_order(lengths);
+  const std::vector<std::size_t> starts =
+      cut_starts(by.sorted, BudgetFit{budget, ratio, cost.reference}, time);
   MicroBatchPlan plan;
   for (std::size_t p = 0; p < starts.size(); ++p) {
-    const std::size_t end = p + 1 < starts.size() ? starts[p + 1] : n;
+    const std::size_t end = p + 1 < starts.size() ? starts[p + 1] : by.order.size();
     MicroBatchPiece piece;
-    piece.width = sorted[starts[p]];
+    piece.width = by.sorted[starts[p]];
     for (std::size_t k = starts[p]; k < end; ++k) {
-      piece.documents.push_back(order[k]);
-      piece.tokens += lengths[static_cast<std::size_t>(order[k])];
+      piece.documents.push_back(by.order[k]);
+      piece.tokens += lengths[static_cast<std::size_t>(by.order[k])];
       ++piece.count;
     }
     plan.tokens += piece.tokens;
