@@ -94,4 +94,40 @@ std::string Trainer::State::overlap_text() const {
   return text.str();
 }
 
+// Each rank's fixed bytes (parameters, gradients' buffer, optimizer state, frozen parameters) as
+// this reduction holds them, sharded or not.
+std::size_t Trainer::State::node_count() const {
+  std::vector<std::string> hosts(comm.hosts());
+  std::sort(hosts.begin(), hosts.end());
+  return static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
+}
+
+std::vector<std::int64_t> Trainer::State::fixed_bytes(bool sharded_state) const {
+  const std::int64_t tail = model_state->reduce_count() + control.count();
+  const auto state = static_cast<int>(optimizer->state_kinds().size());
+  const std::int64_t frozen = static_cast<std::int64_t>(sizeof(float)) * parameters.frozen_elements;
+  const ShardLayout layout = shard_layout(world, parameters.trainable_elements, tail);
+  std::vector<std::int64_t> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(
+        frozen +
+        (sharded_state && world > 1
+             ? sharded_fixed_bytes(layout, r, state).total()
+             : replicated_fixed_bytes(parameters.trainable_elements, tail, state).total()));
+  }
+  return out;
+}
+
+std::string Trainer::State::fixed_bytes_text() const {
+  const auto largest = [](const std::vector<std::int64_t>& v) {
+    return memory::format_bytes(*std::max_element(v.begin(), v.end()));
+  };
+  const std::string whole = largest(fixed_bytes(false));
+  const std::string sliced = largest(fixed_bytes(true));
+  return "fixed bytes per rank (parameters, gradients, optimizer state): " +
+         (sharded() ? sliced + " sharded (--shard optimizer), " + whole + " without"
+                    : whole + ", " + sliced + " with --shard optimizer");
+}
+
+// The banner's data line: the data, the global batch, the steps and how micro-batches are sized.
 }  // namespace autoaccum::train

@@ -1,0 +1,167 @@
+// What the run tells at its start: the run log's header (or its resume row) and the banner.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "autoaccum/comm/agreement.hpp"
+#include "autoaccum/io/run_log.hpp"
+#include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/model/precision.hpp"
+#include "autoaccum/train/run/observers.hpp"
+
+#include "../trainer_state.hpp"
+
+namespace autoaccum::train {
+
+void Trainer::State::open_observers() {
+  peak_bytes.assign(static_cast<std::size_t>(world), 0);
+  if (!options.run_log.empty()) {
+    comm::collectively(comm, [&] {
+      if (!root) return;
+      // A resumed run adds to its log; a new one writes a new log.
+      const bool append = options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0;
+      observers.push_back(std::make_unique<RunLogObserver>(
+          append ? io::RunLogWriter::append(options.run_log, step, comm.hosts(),
+                                            options.command_line, resume_row())
+                 : io::RunLogWriter::create(options.run_log, run_log_header()),
+          options.log_flush_every));
+    });
+  }
+  if (root && !options.quiet) {
+    observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
+  }
+}
+
+// The run log's row for this resume.
+io::ResumeRow Trainer::State::resume_row() const {
+  io::ResumeRow resumed;
+  resumed.global_batch =
+      options.global_batch_tokens > 0 ? options.global_batch_tokens : options.global_batch;
+  resumed.reshaped = reshaped ? 1 : 0;
+  resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
+  resumed.checkpoint = resumed_from;
+  for (const auto& line : resume_skipped)
+    resumed.skipped += (resumed.skipped.empty() ? "" : "; ") + line;
+  return resumed;
+}
+
+// A new run log's attributes: what the run is, as its banner says it.
+io::RunLogHeader Trainer::State::run_log_header() const {
+  io::RunLogHeader header;
+  header.world_size = world;
+  header.global_batch = plan->by_tokens() ? 0 : options.global_batch;
+  header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
+  header.command_line = options.command_line;
+  header.started_at = io::utc_now();
+  header.hostnames = comm.hosts();  // gathered when the communicator was made
+  // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
+  std::string fixed_bytes_list;
+  for (const std::int64_t b : fixed_bytes(sharded()))
+    fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
+  header.text = {{"model", model->describe()},
+                 {"loss", objective->describe()},
+                 {"optimizer", options.optimizer},
+                 {"schedule", options.schedule},
+                 {"data", reader->paths().front() +
+                              (reader->paths().size() > 1
+                                   ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
+                                   : "")},
+                 {"memory_limit", memory_limit_text()},
+                 {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
+                 {"balance", balance_text()},
+                 {"overlap", overlap_text()},
+                 {"shard", sharded() ? "optimizer" : "none"},
+                 {"micro_batch_cost", micro_batch_cost_text()},
+                 {"fixed_bytes_counted", fixed_bytes_list},
+                 {"precision", to_string(options.precision)},
+                 {"micro_batch_unit", documents() ? "tokens" : "rows"}};
+  header.numbers = {
+      {"lr", options.lr},
+      {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
+      {"total_steps", static_cast<double>(total_steps)},
+      {"parameters", static_cast<double>(parameters.trainable_elements)},
+      {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
+      {"shared_parameters", static_cast<double>(parameters.shared_elements)},
+      {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
+      {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+      {"lower_precision_gemm_speedup", lower_gemm_speedup},
+      {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
+      {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
+      {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0},
+      {"fixed_bytes_counted_unsharded", static_cast<double>(fixed_bytes(false).front())}};
+  return header;
+}
+
+std::string Trainer::State::sizes_text_for_banner() const {
+  std::ostringstream text;
+  if (documents()) {
+    text << reader->schema().describe_documents() << "\nautoaccum: global batch ";
+    if (plan->by_tokens()) {
+      text << "up to " << options.global_batch_tokens << " tokens of whole documents (at most "
+           << plan->global_batch() << " documents)";
+    } else {
+      text << options.global_batch << " documents";
+    }
+    text << ", split between ranks by tokens (" << plan->batches_per_epoch()
+         << " batches per epoch), " << total_steps << " steps; micro-batch tokens "
+         << (micro_batches->automatic() ? "auto" : "fixed")
+         << (micro_batches->per_rank() ? " per rank" : "")
+         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
+         << " padded tokens (documents x longest)"
+         << (options.token_cost_by_memory
+                 ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
+                 : "")
+         << "; cut " << micro_batch_cost_text();
+  } else {
+    text << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
+         << plan->batches_per_epoch() << " batches per epoch), " << total_steps
+         << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
+         << (micro_batches->per_rank() ? " per rank" : "")
+         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe();
+  }
+  return text.str();
+}
+
+void Trainer::State::announce() {
+  const std::size_t nodes = node_count();
+  std::ostringstream banner;
+  banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
+         << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
+         << model->describe() << ": " << parameters.describe();
+  if (model_state->averaged_values() > 0) {
+    banner << "; " << model_state->averaged_values()
+           << " buffer value(s) averaged over the ranks every step";
+  }
+  banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
+  banner << sizes_text_for_banner();
+  banner << "; memory limit " << memory_limit_text()
+         << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
+  banner << "\nautoaccum: "
+         << describe_precision(options.precision, context.use_cuda, lower_gemm_speedup,
+                               gemm_probe_failure);
+  if (loss_scale.enabled()) {
+    banner << "\nautoaccum: fp16 loss scale " << loss_scale.value()
+           << ", halved on every rank when the gradients overflow, doubled after "
+           << LossScale::kGrowthInterval << " clean steps";
+    if (!context.use_cuda)
+      banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
+  }
+  if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
+  if (world > 1) banner << "\nautoaccum: gradient all-reduce " << overlap_text();
+  if (world > 1 && (sharded() || options.dry_run)) banner << "\nautoaccum: " << fixed_bytes_text();
+  for (const auto& slow : options.inject_slow) {
+    banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
+           << "x slower per row (--inject-slow)";
+  }
+  if (step > 0)
+    banner << "\nautoaccum: resumed at step " << step << " with micro-batch "
+           << micro_batches->describe();
+  say(banner.str());
+  for (const auto& line : say_later)
+    say("note: " + line);
+  say_later.clear();
+}
+
+}  // namespace autoaccum::train
