@@ -106,12 +106,13 @@ fi
 "$binary" --version
 [[ ${1:-} == --build ]] && exit 0
 
-# Every module's unit and MPI tests; end to end, what goes through LibTorch's API: scripted
-# models, precision, token losses, documents, transformers models exported by the current
-# transformers (memory predictions run on Debian 12). Open MPI's
-# and HDF5's side runs on the two Debian platforms (jobs/ci/debian13.sh says which part on
-# which), for CI's time.
-E2E="cli|torchscript|precision|token_loss|documents|user_models|language_model|shard|hf"
+# Every module's unit and MPI tests; end to end, what LibTorch 2.11 and transformers 5 change:
+# mixed precision (autocast's bf16 differs by version), TorchScript files saved by the current
+# PyTorch, token losses, and transformers models exported by the current transformers. Documents,
+# users' models, sharding and the memory predictions run the same C++ on Debian 12 (every test)
+# and, where Open MPI 5 or HDF5 1.14 matter, on Debian 13: CI's three platforms run on a 2-core
+# machine within 60 minutes (docs/reliability.md). `-R .` runs the whole suite here.
+E2E="precision|torchscript|token_loss|hf"
 args=("$@")
 ((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.)")
 ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"
