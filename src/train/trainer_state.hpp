@@ -30,12 +30,16 @@
 #include "autoaccum/train/reduce/reduce_buffer.hpp"
 #include "autoaccum/train/reduce/reducer.hpp"
 #include "autoaccum/train/sizing/balance.hpp"
+#include "autoaccum/train/sizing/cut_costs.hpp"
 #include "autoaccum/train/sizing/events.hpp"
+#include "autoaccum/train/sizing/memory_limits.hpp"
 #include "autoaccum/train/sizing/memory_model.hpp"
 #include "autoaccum/train/sizing/memory_probe.hpp"
 #include "autoaccum/train/sizing/micro_batch.hpp"
+#include "autoaccum/train/sizing/refusals.hpp"
 #include "autoaccum/train/sizing/time_model.hpp"
 #include "autoaccum/train/sizing/time_probe.hpp"
+#include "autoaccum/train/step/drills.hpp"
 #include "autoaccum/train/step/loss_scale.hpp"
 #include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/step/reporter.hpp"
@@ -65,16 +69,6 @@ struct DeviceContext {
   }
 };
 
-// The default thread count: the CPUs this rank may run on (its affinity mask: Slurm's
-// --cpus-per-task, mpirun's binding, taskset), or, when the rank is not bound, the node's cores
-// shared among its ranks.
-struct ThreadChoice {
-  int count = 1;
-  std::string source;
-};
-
-ThreadChoice choose_threads(int requested, int local_ranks);
-
 // A step's times, for its run-log row: when it began, its wait for data and the reader's CPU
 // time, and the out-of-memory retries it spent.
 struct StepTimes {
@@ -90,9 +84,6 @@ struct OptimizerUpdate {
   double loss_scale = 1;  // the fp16 loss scale the step ran at
   bool skipped = false;   // non-finite values or an fp16 overflow
 };
-
-// The memory model's view of a micro-batch: rows, or padded tokens and rows x width^2.
-MicroBatchShape piece_shape(const data::MicroBatchPiece& piece);
 
 struct Trainer::State {
   TrainOptions options;
@@ -150,16 +141,13 @@ struct Trainer::State {
   // the starting size and cap, the fixed size if any, and the floor halving stops at.
   std::int64_t size_cap = 1, size_floor = 1;
   std::optional<std::int64_t> fixed_size;
-  // What --balance's shares of a batch add up to: its rows, or kTokenShares parts of its tokens.
-  static constexpr std::int64_t kTokenShares = 1000000;
-  std::int64_t share_total() const { return documents() ? kTokenShares : options.global_batch; }
   // `resumed`: sizes a checkpoint recorded (then no probe: the run continues at them).
   void make_micro_batches(const std::vector<std::int64_t>& resumed) {
     // --micro-batch-search predict with a limit to predict against: probe before the first
     // step (a prediction that does not fit then halves, as halve does).
     // --dry-run probes whenever it can: what fits is all it reports.
     predict_pending = ((options.predict_micro_batch && !fixed_size) || options.dry_run) &&
-                      limits_known() && resumed.empty();
+                      limits.known() && resumed.empty();
     // --micro-batch-cost auto: the time probe after it, whatever the budget (a resume on the same
     // ranks takes the fits from its checkpoint instead: restore clears this).
     time_pending = documents() && !options.dry_run &&
@@ -175,11 +163,10 @@ struct Trainer::State {
   }
   // Memory (trainer_memory.cpp): each rank's limit and memory model, held by every rank and fed
   // by every attempt's agreed measurements.
-  std::vector<std::int64_t> rank_limits;  // bytes (0: none)
+  MemoryLimits limits;
   std::vector<MemoryModel> memory_models;
   bool predict_pending = false;  // the probe is still to run before the first step
   void gather_limits();
-  bool limits_known() const;
   void learn_memory(const StepOutcome& outcome);
   // The memory probe, before the first step (the step drives it: run_memory_probe).
   MemoryProbe::Setup memory_probe_setup() const;
@@ -188,34 +175,13 @@ struct Trainer::State {
   void start_from_probe(const MemoryProbe& probe, double seconds);
   void run_memory_probe(const data::Batch& slab);
   std::optional<MemoryPrediction> prediction;  // the probe's, once it ran
-  // Documents, automatic budgets: how each rank's budget is spent across widths, from its memory
-  // model at the probe (data::WidthCost; fixed for the run, so every rank cuts every rank's
-  // pieces alike; a resume on the same ranks takes them from the checkpoint).
-  std::vector<data::WidthCost> width_costs;
-  data::WidthCost width_cost(int r) const {
-    const auto i = static_cast<std::size_t>(r);
-    return i < width_costs.size() ? width_costs[i] : data::WidthCost{};
-  }
-  // Documents, --micro-batch-cost auto: what a micro-batch takes to compute on each rank, fitted
-  // by the time probe (run_time_probe; a resume on the same ranks takes it from the checkpoint), so
-  // that every rank's share is cut by predicted time. nullopt: none (the fewest pieces).
-  std::vector<std::optional<TimeFit>> time_fits;
+  // Documents: the width costs (--token-cost memory) and time fits (--micro-batch-cost auto)
+  // every rank's cut weighs (sizing/cut_costs.hpp).
+  CutCosts costs;
   bool time_pending = false;  // the time probe is still to run before the first step
   void run_time_probe(const data::Batch& slab);
   void fit_times(const TimeProbeSchedule& probe, double seconds);
   void predict_steps(int r, TimeProbe::Rank& line) const;
-  std::optional<TimeFit> time_fit(int r) const {
-    const auto i = static_cast<std::size_t>(r);
-    return i < time_fits.size() ? time_fits[i] : std::nullopt;
-  }
-  std::optional<data::PieceCost> piece_cost(int r) const {
-    if (!documents()) return std::nullopt;
-    if (options.micro_batch_cost == TrainOptions::MicroBatchCost::kGiven)
-      return data::PieceCost{options.cost_fixed, options.cost_width};
-    if (options.micro_batch_cost != TrainOptions::MicroBatchCost::kAuto) return std::nullopt;
-    if (const auto fit = time_fit(r)) return fit->piece_cost();
-    return std::nullopt;
-  }
   // This rank's last attempt: the compute its time fit predicted for its cut (0: no fit).
   double predicted_compute = 0;
   // How documents are cut, for the banner and the run log: "by fewest pieces", "by predicted
@@ -223,15 +189,13 @@ struct Trainer::State {
   std::string micro_batch_cost_text() const;
   void report_dry_run();
   // --balance throughput, rows, automatic micro-batch: each rank's size follows its share, as
-  // far as its memory model says it fits; `followed_shares` is the split they last followed.
+  // far as its memory model says it fits.
   void follow_shares();
   bool sizes_follow_shares() const {
     return options.balance && !documents() && micro_batches->automatic();
   }
-  std::vector<std::int64_t> followed_shares;
-  std::unique_ptr<ShareSchedule> shares;  // every rank's rows of each step's batch
-  SpeedWindow speed_window;               // --balance: rows and seconds since the last
-  double slow_factor = 1.0;               // --inject-slow on this rank
+  std::unique_ptr<Balance> balance;  // every rank's share of each step's batch
+  Drills drills;                     // --inject-oom, -overflow, -slow, -stall on this rank
 
   // The one all-reduced buffer and its regions.
   std::unique_ptr<ReduceBuffer> reduce;
@@ -263,11 +227,11 @@ struct Trainer::State {
   std::int64_t checkpoint_step = -1;  // the step of the last checkpoint written or resumed from
   std::vector<std::unique_ptr<OutputLock>> locks;
   std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
-  std::vector<std::unique_ptr<StepObserver>> observers;
-  std::atomic<bool> finished{false};  // the watchdog's last words may set it too
+  Reporter reporter;                     // the observers run/ opens, and what is said to them
   TrainResult result;
 
-  State(const TrainOptions& o, comm::Communicator& c) : options(o), comm(c) {}
+  State(const TrainOptions& o, comm::Communicator& c)
+      : options(o), comm(c), limits(o.memory_limit, o.memory_limits) {}
 
   // Setup, in order; each piece is collective and leaves every rank agreeing.
   void setup();
@@ -299,6 +263,10 @@ struct Trainer::State {
   data::Batch read_rank_rows(std::int64_t global_step) const;
   // Document data (rows are documents; micro-batch sizes are token budgets).
   bool documents() const { return reader->schema().documents; }
+  // A micro-batch size in its unit: "1 row", "64 rows", "512 tokens".
+  std::string count_text(std::int64_t size) const {
+    return std::to_string(size) + (documents() ? " token" : " row") + (size == 1 ? "" : "s");
+  }
   // How step `global_step`'s global batch is split, computed once per use site: rank r's rows
   // are [batch.begin + offsets[r], batch.begin + offsets[r + 1]) (the schedule's split for
   // rows, near-equal or --balance-weighted tokens for documents); every rank can compute every
@@ -335,15 +303,10 @@ struct Trainer::State {
                        bool last, bool probing, AttemptProgress& progress);
   Objective::Terms forward_terms(const std::vector<at::Tensor>& inputs, const at::Tensor& target,
                                  std::int64_t rows, AttemptPhase& phase);
-  void refuse_or_rethrow(const std::exception& e, AttemptPhase phase, std::int64_t m,
-                         std::int64_t tried_before, std::int64_t previous);
+  void refuse_or_rethrow(const std::exception& e, AttemptPhase phase);
   StepOutcome reduce_and_agree(const RankReport& report, const AttemptProgress& progress);
-  bool oom_drill_fires(bool backward, std::int64_t rows) const;
-  bool overflow_drill_fires() const;
-  void slow_down(Clock::time_point micro_start) const;
   void after_out_of_memory(const StepOutcome& outcome);
   // The step loop's parts (step/trainer.cpp).
-  void stall_drill() const;
   void take_mean(const StepOutcome& outcome);
   TrainResult end_dry_run();
   TrainResult end_run(double last_loss);
@@ -354,13 +317,9 @@ struct Trainer::State {
   io::StepRow step_row(const StepOutcome& outcome, const OptimizerUpdate& update,
                        const StepTimes& times, const RankFigures& figures) const;
   void announce_probes(const std::vector<int>& probing);
-  // The model's own error on a micro-batch below one this rank tried before an out-of-memory
-  // lowered it (kRefused): what it said, and the sizes. Ends the run on every rank with one
-  // line and exit 3 when the agreed outcome names a refusing rank (trainer_memory.cpp, with
-  // after_out_of_memory). `refusal`: the model's whole error; its last line is printed.
-  std::int64_t largest_tried = 0, last_tried = 0, refused_after = 0;
-  std::string refusal;
-  bool ran_out_before = false;  // some attempt (a probe's too) ran out of memory on some rank
+  // A size the model refuses (kRefused) ends the run on every rank with one line and exit 3
+  // when the agreed outcome names a refusing rank (trainer_memory.cpp, with after_out_of_memory).
+  Refusals refusals;
   void fail_if_refused(const StepOutcome& outcome);
   void rebalance(const std::vector<std::int64_t>& step_shares,
                  const std::vector<double>& compute_seconds);
@@ -380,56 +339,17 @@ struct Trainer::State {
   std::vector<std::string> gather_replica_fingerprints();
   bool replicas_differ_said = false;
 
-  template <class Fn>
-  void notify(Fn&& fn) {
-    for (auto& observer : observers)
-      fn(*observer);
-  }
-  void say(const std::string& line) {
-    notify([&](StepObserver& o) { o.on_message(line); });
-  }
+  // The run's end, told to the observers once, with this rank's last micro-batch.
   void finish(const std::string& status, const std::string& message = "") {
-    if (finished.exchange(true)) return;
-    notify([&](StepObserver& o) { o.on_finish(status, message, micro_batches->current(rank)); });
+    reporter.finish(status, message, micro_batches ? micro_batches->current(rank) : 0);
   }
   [[noreturn]] void fail_run(const std::string& message, ExitCode code) {
     finish("failed", message);
     throw CollectiveError(message, code, 0);
   }
-  std::vector<std::string> say_later;  // notes from before the observers existed
   std::string balance_text() const {
     return options.balance ? "throughput, every " + std::to_string(options.balance_every) + " steps"
                            : std::string("none");
-  }
-  // "none", "96.0 MiB", or a list: "8.0 MiB, 16.0 MiB (rank i: item i mod 2)".
-  std::string memory_limit_text() const {
-    const auto& all = options.memory_limits;
-    if (all.empty())
-      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) : "none";
-    std::string text;
-    for (std::size_t i = 0; i < all.size(); ++i)
-      text += (i ? ", " : "") + (all[i] > 0 ? memory::format_bytes(all[i]) : std::string("none"));
-    return text + " (rank i: item i mod " + std::to_string(all.size()) + ")";
-  }
-  std::int64_t limit_of(int r) const {
-    const auto& all = options.memory_limits;
-    return all.empty() ? options.memory_limit : all[static_cast<std::size_t>(r) % all.size()];
-  }
-  // "16.0 MiB per rank", or with a list the limits of `ranks` ("8.0 MiB on rank 1").
-  std::string limit_text(const std::vector<int>& ranks = {}) const {
-    if (options.memory_limits.empty()) {
-      return options.memory_limit > 0 ? memory::format_bytes(options.memory_limit) + " per rank"
-                                      : std::string("no --memory-limit");
-    }
-    std::vector<int> which = ranks;
-    if (which.empty()) which.push_back(rank);
-    std::string text;
-    for (std::size_t i = 0; i < which.size(); ++i) {
-      const std::int64_t limit = limit_of(which[i]);
-      text += (i ? ", " : "") + (limit > 0 ? memory::format_bytes(limit) : std::string("none")) +
-              " on rank " + std::to_string(which[i]);
-    }
-    return text;
   }
   std::string model_name() const {
     return options.model_file.empty() ? "--model " + model->describe()

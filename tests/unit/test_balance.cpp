@@ -101,6 +101,67 @@ TEST(ShareSchedule, ReadsFromAnotherThreadSeeAWholeSplit) {
   reader.join();
 }
 
+TEST(Balance, ChangesEveryNStepsFromTheStepAfterNextInProportionToSpeed) {
+  Balance balance(false, 90, 2, 2);
+  EXPECT_EQ(balance.shares(0), (Sizes{45, 45}));
+  // Step 1 measured: not a balancing step yet.
+  EXPECT_FALSE(balance.measure(1, 10, {45, 45}, {1.0, 0.5}, {}));
+  // Step 2: rank 0 ran 90 rows in 2 s, rank 1 in 1 s: twice as fast.
+  const auto change = balance.measure(2, 10, {45, 45}, {1.0, 0.5}, {});
+  ASSERT_TRUE(change);
+  EXPECT_EQ(change->shares, (Sizes{30, 60}));
+  EXPECT_EQ(change->rates, (Sizes{45, 90}));
+  EXPECT_EQ(change->text(false),
+            "step 2: rows per rank 30, 60 from step 3 (measured rows/s 45, 90)");
+  EXPECT_EQ(balance.shares(2), (Sizes{45, 45})) << "the prefetcher may be reading it";
+  EXPECT_EQ(balance.shares(3), (Sizes{30, 60}));
+  // The same speeds again: the same split, no change to tell.
+  EXPECT_FALSE(balance.measure(3, 10, {30, 60}, {1.0, 1.0}, {}));
+  EXPECT_FALSE(balance.measure(4, 10, {30, 60}, {1.0, 1.0}, {}));
+  // Never at the last step, and never without --balance.
+  EXPECT_FALSE(balance.measure(9, 10, {30, 60}, {1.0, 9.0}, {}));
+  EXPECT_FALSE(balance.measure(10, 10, {30, 60}, {1.0, 9.0}, {}))
+      << "speeds changed, but no step follows";
+  Balance even(false, 90, 2, 0);
+  EXPECT_FALSE(even.measure(2, 10, {45, 45}, {1.0, 0.5}, {}));
+}
+
+TEST(Balance, FloorsAndDocumentsInPartsOfTheTokens) {
+  Balance rows(false, 40, 2, 1);
+  const auto floored = rows.measure(1, 10, {20, 20}, {10.0, 0.1}, {16, 16});
+  ASSERT_TRUE(floored);
+  EXPECT_EQ(floored->shares, (Sizes{16, 24})) << "a slow rank keeps its fixed micro-batch";
+  Balance documents(true, 8, 2, 1);
+  EXPECT_EQ(documents.total(), Balance::kTokenShares);
+  const auto change = documents.measure(1, 10, {300, 100}, {1.0, 1.0}, {});
+  ASSERT_TRUE(change);
+  EXPECT_EQ(change->shares, (Sizes{750000, 250000}));
+  EXPECT_EQ(
+      change->text(true),
+      "step 1: tokens per rank 75%, 25% of each batch from step 2 (measured tokens/s 300, 100)");
+}
+
+TEST(Balance, FollowedSharesAndARestoreOnlyOfSharesOfThisBatch) {
+  Balance balance(false, 90, 2, 1);
+  EXPECT_FALSE(balance.to_follow(0)) << "sizes start on the even split";
+  ASSERT_TRUE(balance.measure(1, 10, {45, 45}, {1.0, 0.5}, {}));
+  EXPECT_FALSE(balance.to_follow(1));
+  EXPECT_EQ(balance.to_follow(2), (Sizes{30, 60}));
+  EXPECT_FALSE(balance.to_follow(2));
+  EXPECT_EQ(balance.followed(), (Sizes{30, 60}));
+
+  Balance resumed(false, 90, 2, 1);
+  EXPECT_FALSE(resumed.restore(5, {30, 61}, {30, 60}, {})) << "another global batch";
+  EXPECT_FALSE(resumed.restore(5, {30, 30, 30}, {30, 30, 30}, {})) << "another number of ranks";
+  EXPECT_EQ(resumed.shares(5), (Sizes{45, 45}));
+  EXPECT_TRUE(resumed.restore(5, {40, 50}, {30, 60}, {}));
+  EXPECT_EQ(resumed.shares(5), (Sizes{40, 50}));
+  EXPECT_EQ(resumed.shares(6), (Sizes{30, 60}));
+  EXPECT_EQ(resumed.followed(), (Sizes{40, 50})) << "no record: this step's shares";
+  EXPECT_TRUE(resumed.restore(5, {40, 50}, {30, 60}, {45, 45}));
+  EXPECT_EQ(resumed.followed(), (Sizes{45, 45}));
+}
+
 TEST(SlowInjection, ParsesAndRejectsBadFactors) {
   const auto all = parse_slow_injections("rank=1,factor=2.5;rank=0,factor=1");
   ASSERT_EQ(all.size(), 2u);

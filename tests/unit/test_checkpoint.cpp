@@ -397,5 +397,28 @@ TEST(Checkpoint, TheLastNAreKeptNamedByStepAndAnOlderVersionsPrevIsReadThenRemov
   remove_all(path);
 }
 
+TEST(Checkpoint, AnUnreadableFileInTheCheckpointsPlaceIsMovedAsideNotReplacedUnseen) {
+  const std::string path = unit_path("aside");
+  const std::string aside = path + ".damaged";
+  std::remove(aside.c_str());
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("not an HDF5 file: a checkpoint cut short by a full disk, say\n", f);
+    std::fclose(f);
+  }
+  write_checkpoint(path, of_every_kind(10), 2);
+  EXPECT_EQ(read_checkpoint(path).step, 10);
+  ASSERT_EQ(::access(aside.c_str(), F_OK), 0) << "the unreadable file is kept, renamed";
+  std::FILE* f = std::fopen(aside.c_str(), "r");
+  char line[32] = {};
+  ASSERT_NE(std::fgets(line, sizeof(line), f), nullptr);
+  std::fclose(f);
+  EXPECT_EQ(std::string(line).rfind("not an HDF5 file", 0), 0u);
+  EXPECT_TRUE(older_checkpoints(path).empty()) << "and it is not taken for an older checkpoint";
+  std::remove(aside.c_str());
+  remove_all(path);
+}
+
 }  // namespace
 }  // namespace autoaccum::io

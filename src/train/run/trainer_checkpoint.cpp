@@ -366,7 +366,7 @@ std::vector<std::int64_t> Trainer::State::restore_micro_batches(const io::Checkp
     saved = {*std::max_element(saved.begin(), saved.end())};
   }
   make_micro_batches(saved);
-  if (!note.empty()) say_later.push_back(note);
+  if (!note.empty()) reporter.note(note);
   return saved;
 }
 
@@ -376,22 +376,22 @@ void Trainer::State::restore_fits(const io::Checkpoint& c) {
   // number of ranks they belong to ranks that may not exist: learned again from the attempts.
   if (c.world_size == world && static_cast<int>(c.memory_models.size()) == world &&
       memory_models.size() == c.memory_models.size()) {
-    width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
+    costs.width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
     for (std::size_t r = 0; r < memory_models.size(); ++r) {
       const auto& m = c.memory_models[r];
       memory_models[r] = MemoryModel::from_record({m.points, m.failed_units, m.base});
       if (documents() && !fixed_size && options.token_cost_by_memory && m.width_ratio > 0)
-        width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
+        costs.width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
     }
   }
   // --micro-batch-cost auto: the time fits continue on the same ranks, so the resumed run cuts as
   // the interrupted one did (no time probe); on another number of ranks they are probed again.
   if (c.world_size == world && static_cast<int>(c.time_fits.size()) == world && documents() &&
       options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto) {
-    time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
+    costs.time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
     for (std::size_t r = 0; r < c.time_fits.size(); ++r) {
       const auto& f = c.time_fits[r];
-      if (f.per_unit > 0) time_fits[r] = TimeFit{f.fixed, f.per_unit, f.per_square};
+      if (f.per_unit > 0) costs.time_fits[r] = TimeFit{f.fixed, f.per_unit, f.per_square};
     }
     time_pending = false;
   }
@@ -400,27 +400,19 @@ void Trainer::State::restore_fits(const io::Checkpoint& c) {
 void Trainer::State::restore_shares(const io::Checkpoint& c,
                                     const std::vector<std::int64_t>& saved) {
   // Balanced shares continue on the same ranks; on another number they start even again.
-  const auto valid = [&](const std::vector<std::int64_t>& v) {
-    return static_cast<int>(v.size()) == world &&
-           std::accumulate(v.begin(), v.end(), std::int64_t{0}) == share_total() &&
-           std::all_of(v.begin(), v.end(), [](std::int64_t n) { return n >= 1; });
-  };
-  if (options.balance && valid(c.shares) && valid(c.shares_after)) {
-    shares->change(step, c.shares);
-    shares->change(step + 1, c.shares_after);
+  if (options.balance && balance->restore(step, c.shares, c.shares_after, c.shares_followed)) {
     // The recorded sizes follow the shares they last followed (the step before's, when a
     // change applies from this step; checkpoints older than shares_followed: taken to be this
     // step's). They follow again only when the shares change, as in the interrupted run (a
     // resumed run that followed them afresh would start from what its memory models say now,
     // not from the sizes it had). A size grown past the even share into a larger one is kept:
     // the share, not the even split, is its cap.
-    followed_shares = valid(c.shares_followed) ? c.shares_followed : c.shares;
     if (!documents() && static_cast<int>(saved.size()) == world)
-      micro_batches->resume_shares(followed_shares, saved);
+      micro_batches->resume_shares(balance->followed(), saved);
   } else if (options.balance && !c.shares.empty()) {
-    say_later.push_back("the checkpoint's balanced shares (" + sizes_text(c.shares) +
-                        ") were for another number of ranks or global batch: the ranks start "
-                        "from an even split and balance again");
+    reporter.note("the checkpoint's balanced shares (" + sizes_text(c.shares) +
+                  ") were for another number of ranks or global batch: the ranks start "
+                  "from an even split and balance again");
   }
 }
 
@@ -501,7 +493,7 @@ void Trainer::State::save_checkpoint() {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   checkpoint_step = step;
-  notify([&](StepObserver& o) { o.on_checkpoint(step, bytes, seconds); });
+  reporter.notify([&](StepObserver& o) { o.on_checkpoint(step, bytes, seconds); });
 }
 
 std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> generators,
@@ -512,16 +504,16 @@ std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> gene
   c.micro_batch = micro_batches->current(0);
   c.micro_batches = micro_batches->sizes();
   if (options.balance) {
-    c.shares = shares->shares(step);
-    c.shares_after = shares->shares(step + 1);
-    if (sizes_follow_shares()) c.shares_followed = followed_shares;
+    c.shares = balance->shares(step);
+    c.shares_after = balance->shares(step + 1);
+    if (sizes_follow_shares()) c.shares_followed = balance->followed();
   }
   for (std::size_t r = 0; r < memory_models.size(); ++r) {
     const MemoryModel::Record m = memory_models[r].record();
     c.memory_models.push_back(
-        {m.points, m.failed_units, m.base, width_cost(static_cast<int>(r)).ratio});
+        {m.points, m.failed_units, m.base, costs.width_cost(static_cast<int>(r)).ratio});
   }
-  for (const auto& fit : time_fits)
+  for (const auto& fit : costs.time_fits)
     c.time_fits.push_back(
         fit ? io::Checkpoint::TimeFitRecord{fit->fixed, fit->per_unit, fit->per_square}
             : io::Checkpoint::TimeFitRecord{});

@@ -24,7 +24,7 @@ void Trainer::State::evaluate() {
   result.eval_loss = event.loss;
   result.eval_accuracy =
       event.classification ? std::optional<double>(event.accuracy) : std::nullopt;
-  notify([&](StepObserver& o) { o.on_eval(event); });
+  reporter.notify([&](StepObserver& o) { o.on_eval(event); });
 }
 
 }  // namespace autoaccum::train

@@ -22,7 +22,7 @@ void Trainer::State::open_observers() {
       if (!root) return;
       // A resumed run adds to its log; a new one writes a new log.
       const bool append = options.resume && step > 0 && access(options.run_log.c_str(), F_OK) == 0;
-      observers.push_back(std::make_unique<RunLogObserver>(
+      reporter.add(std::make_unique<RunLogObserver>(
           append ? io::RunLogWriter::append(options.run_log, step, comm.hosts(),
                                             options.command_line, resume_row())
                  : io::RunLogWriter::create(options.run_log, run_log_header()),
@@ -30,7 +30,7 @@ void Trainer::State::open_observers() {
     });
   }
   if (root && !options.quiet) {
-    observers.push_back(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
+    reporter.add(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
   }
 }
 
@@ -68,7 +68,7 @@ io::RunLogHeader Trainer::State::run_log_header() const {
                               (reader->paths().size() > 1
                                    ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
                                    : "")},
-                 {"memory_limit", memory_limit_text()},
+                 {"memory_limit", limits.option_text()},
                  {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
                  {"balance", balance_text()},
                  {"overlap", overlap_text()},
@@ -136,7 +136,7 @@ void Trainer::State::announce() {
   }
   banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
   banner << sizes_text_for_banner();
-  banner << "; memory limit " << memory_limit_text()
+  banner << "; memory limit " << limits.option_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
   banner << "\nautoaccum: "
          << describe_precision(options.precision, context.use_cuda, lower_gemm_speedup,
@@ -158,10 +158,8 @@ void Trainer::State::announce() {
   if (step > 0)
     banner << "\nautoaccum: resumed at step " << step << " with micro-batch "
            << micro_batches->describe();
-  say(banner.str());
-  for (const auto& line : say_later)
-    say("note: " + line);
-  say_later.clear();
+  reporter.say(banner.str());
+  reporter.say_notes();
 }
 
 }  // namespace autoaccum::train

@@ -44,6 +44,16 @@
 #include "../trainer_state.hpp"
 
 namespace autoaccum::train {
+namespace {
+
+// The default thread count: the CPUs this rank may run on (its affinity mask: Slurm's
+// --cpus-per-task, mpirun's binding, taskset), or, when the rank is not bound, the node's cores
+// shared among its ranks.
+struct ThreadChoice {
+  int count = 1;
+  std::string source;
+};
+
 ThreadChoice choose_threads(int requested, int local_ranks) {
   if (requested > 0) return {requested, "--threads"};
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -59,6 +69,8 @@ ThreadChoice choose_threads(int requested, int local_ranks) {
   return {std::max(1, cores / ranks),
           std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
 }
+
+}  // namespace
 
 Trainer::State::WatchdogRelease::~WatchdogRelease() {
   comm::watchdog().set_last_words(nullptr);
@@ -84,10 +96,8 @@ void Trainer::State::setup() {
   world = comm.size();
   root = rank == 0;
   loss_scale = LossScale(options.precision == Precision::kFp16);
-  options.memory_limit = limit_of(rank);  // --memory-limit A,B,...: this rank's item
-  for (const auto& slow : options.inject_slow) {
-    if (slow.rank == rank) slow_factor = slow.factor;
-  }
+  options.memory_limit = limits.given(rank);  // --memory-limit A,B,...: this rank's item
+  drills = Drills(options, rank);
   control = ControlLayout{world};
   const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
   thread_source = threads.source;
@@ -349,7 +359,7 @@ void Trainer::State::run_trial(const data::Batch& rows) {
     throw;
   } catch (const std::exception& e) {
     if (watch.explains(e)) {
-      throw Error("the model does not fit in memory (limit " + limit_text() +
+      throw Error("the model does not fit in memory (limit " + limits.text({rank}) +
                       ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
                   ExitCode::kOutOfMemory);
     }
@@ -393,13 +403,13 @@ void Trainer::State::allocate_step_state() {
       throw Error(
           "the model's parameters, gradients and optimizer state do not fit in memory "
           "(limit " +
-              limit_text() + "); raise --memory-limit or use a smaller model",
+              limits.text({rank}) + "); raise --memory-limit or use a smaller model",
           ExitCode::kOutOfMemory);
     }
   });
   control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
   if (options.shard == "optimizer" && world == 1)
-    say_later.push_back(
+    reporter.note(
         "--shard optimizer on one rank: nothing to shard; the optimizer state "
         "stays whole on this rank");
   if (!sharded()) {

@@ -29,11 +29,11 @@ std::vector<int> AttemptOutcome::refused() const {
   return ranks;
 }
 
-std::string AttemptOutcome::ranks_text() const {
+std::string ranks_text(const std::vector<int>& ranks) {
   std::ostringstream text;
-  text << (out_of_memory.size() > 1 ? "ranks " : "rank ");
-  for (std::size_t i = 0; i < out_of_memory.size(); ++i)
-    text << (i ? ", " : "") << out_of_memory[i];
+  text << (ranks.size() > 1 ? "ranks " : "rank ");
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    text << (i ? ", " : "") << ranks[i];
   return text.str();
 }
 

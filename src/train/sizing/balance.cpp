@@ -10,6 +10,7 @@
 #include "autoaccum/core/drill.hpp"
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/train/options.hpp"
+#include "autoaccum/train/sizing/micro_batch.hpp"
 
 namespace autoaccum::train {
 
@@ -136,6 +137,74 @@ std::vector<double> SpeedWindow::speeds() const {
   for (std::size_t r = 0; r < rows.size(); ++r)
     out.push_back(seconds[r] > 0 ? rows[r] / seconds[r] : 0.0);
   return out;
+}
+
+Balance::Balance(bool documents, std::int64_t global_batch, int world, std::int64_t every)
+    : total_(documents ? kTokenShares : global_batch),
+      world_(world),
+      every_(every),
+      schedule_(even_shares(total_, world)),
+      followed_(schedule_.shares(0)) {}
+
+std::optional<Balance::Change> Balance::measure(std::int64_t step, std::int64_t total_steps,
+                                                const std::vector<std::int64_t>& step_shares,
+                                                const std::vector<double>& compute_seconds,
+                                                const std::vector<std::int64_t>& floors) {
+  if (every_ <= 0) return std::nullopt;
+  window_.add(step_shares, compute_seconds);
+  if (step % every_ != 0 || step + 1 >= total_steps) return std::nullopt;
+  const std::vector<double> speeds = window_.speeds();
+  window_.clear();
+  if (std::any_of(speeds.begin(), speeds.end(), [](double v) { return !(v > 0); }))
+    return std::nullopt;
+  const std::vector<std::int64_t> least =
+      floors.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(world_), 1) : floors;
+  Change change;
+  change.step = step;
+  change.shares = balanced_shares(total_, speeds, least);
+  if (change.shares == schedule_.shares(step + 1)) return std::nullopt;
+  schedule_.change(step + 1, change.shares);
+  for (double v : speeds)
+    change.rates.push_back(static_cast<std::int64_t>(std::lround(v)));
+  return change;
+}
+
+std::string Balance::Change::text(bool documents) const {
+  const std::string from = " from step " + std::to_string(step + 1);
+  if (!documents)
+    return "step " + std::to_string(step) + ": rows per rank " + sizes_text(shares) + from +
+           " (measured rows/s " + sizes_text(rates) + ")";
+  const auto total =
+      static_cast<double>(std::accumulate(shares.begin(), shares.end(), std::int64_t{0}));
+  std::string percents;
+  for (std::size_t r = 0; r < shares.size(); ++r)
+    percents += (r ? ", " : "") +
+                std::to_string(std::lround(100.0 * static_cast<double>(shares[r]) / total)) + "%";
+  return "step " + std::to_string(step) + ": tokens per rank " + percents + " of each batch" +
+         from + " (measured tokens/s " + sizes_text(rates) + ")";
+}
+
+std::optional<std::vector<std::int64_t>> Balance::to_follow(std::int64_t step) {
+  std::vector<std::int64_t> now = schedule_.shares(step);
+  if (now == followed_) return std::nullopt;
+  followed_ = now;
+  return now;
+}
+
+bool Balance::valid(const std::vector<std::int64_t>& shares) const {
+  return static_cast<int>(shares.size()) == world_ &&
+         std::accumulate(shares.begin(), shares.end(), std::int64_t{0}) == total_ &&
+         std::all_of(shares.begin(), shares.end(), [](std::int64_t n) { return n >= 1; });
+}
+
+bool Balance::restore(std::int64_t step, const std::vector<std::int64_t>& now,
+                      const std::vector<std::int64_t>& after,
+                      const std::vector<std::int64_t>& followed) {
+  if (!valid(now) || !valid(after)) return false;
+  schedule_.change(step, now);
+  schedule_.change(step + 1, after);
+  followed_ = valid(followed) ? followed : now;
+  return true;
 }
 
 std::vector<SlowInjection> parse_slow_injections(const std::string& text) {

@@ -7,6 +7,12 @@
 #include <cstdio>
 
 namespace autoaccum::train {
+
+MicroBatchShape piece_shape(const data::MicroBatchPiece& piece) {
+  const auto units = static_cast<double>(piece.size());
+  return MicroBatchShape{units, piece.width > 0 ? units * static_cast<double>(piece.width) : 0.0};
+}
+
 namespace {
 
 // Solves the n x n system a x = b (n <= 3) by Gaussian elimination with partial pivoting; false

@@ -42,13 +42,13 @@ Trainer::State::StepSplit Trainer::State::split_of(std::int64_t global_step) con
   const Position at = position(global_step);
   split.batch = plan->batch_rows(at.epoch, at.batch);
   if (!documents()) {
-    split.offsets = shares->offsets(global_step);
+    split.offsets = balance->offsets(global_step);
   } else {
     // --balance throughput: the schedule's shares weigh the ranks' tokens.
     const std::int64_t* lengths = reader->schema().lengths.data() + split.batch.begin;
     split.offsets = data::token_balanced_offsets(
         lengths, split.batch.size(), world,
-        options.balance ? shares->shares(global_step) : std::vector<std::int64_t>{});
+        options.balance ? balance->shares(global_step) : std::vector<std::int64_t>{});
     for (int r = 0; r < world; ++r) {
       split.tokens.push_back(std::accumulate(
           lengths + split.offsets[static_cast<std::size_t>(r)],
@@ -117,9 +117,8 @@ void Trainer::State::open_data() {
     if (o.dry_run) total_steps = std::max<std::int64_t>(total_steps, 1);
     if (total_steps < 1)
       throw UsageError("nothing to do: give --steps N or --epochs E (E * batches per epoch >= 1)");
-    shares = std::make_unique<ShareSchedule>(
-        even_shares(schema.documents ? kTokenShares : o.global_batch, world));
-    followed_shares = shares->shares(0);
+    balance = std::make_unique<Balance>(schema.documents, o.global_batch, world,
+                                        o.balance ? o.balance_every : 0);
     if (o.balance && o.micro_batch && *o.micro_batch * world > o.global_batch) {
       throw UsageError("--balance throughput keeps every rank at least its micro-batch, but " +
                        std::to_string(world) + " ranks x --micro-batch " +

@@ -29,23 +29,13 @@ std::string last_line(const std::string& text) {
 
 }  // namespace
 
-MicroBatchShape piece_shape(const data::MicroBatchPiece& piece) {
-  const auto units = static_cast<double>(piece.size());
-  return MicroBatchShape{units, piece.width > 0 ? units * static_cast<double>(piece.width) : 0.0};
-}
-
 // Each rank's limit, known on every rank: its --memory-limit item on the CPU; on a GPU the limit
 // given, or else the device's memory.
 void Trainer::State::gather_limits() {
   std::int64_t mine = options.memory_limit;
   if (context.use_cuda && mine <= 0) mine = memory::cuda_total_bytes(context.device.index());
-  rank_limits.assign(static_cast<std::size_t>(world), 0);
-  comm.allgather(&mine, sizeof(mine), rank_limits.data());
+  limits.gather(comm, mine);
   memory_models.assign(static_cast<std::size_t>(world), MemoryModel{});
-}
-
-bool Trainer::State::limits_known() const {
-  return std::any_of(rank_limits.begin(), rank_limits.end(), [](std::int64_t l) { return l > 0; });
 }
 
 void Trainer::State::learn_memory(const StepOutcome& outcome) {
@@ -71,7 +61,7 @@ MemoryProbe::Setup Trainer::State::memory_probe_setup() const {
   setup.low = documents() ? size_floor : std::min<std::int64_t>(2, size_cap);
   setup.size_cap = size_cap;
   setup.narrow_point = documents() && options.token_cost_by_memory;
-  setup.limits = rank_limits;
+  setup.limits = limits.all();
   return setup;
 }
 
@@ -80,17 +70,13 @@ MemoryProbe::Setup Trainer::State::memory_probe_setup() const {
 void Trainer::State::fail_nothing_fits(const MemoryProbe& probe, const AttemptOutcome& outcome) {
   const std::vector<int>& nothing_fits = probe.nothing_fits();
   const std::int64_t low = probe.low();
-  const std::string unit = documents() ? "token" : "row";
   std::int64_t peak = 0;
   for (int r : nothing_fits)
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
-  AttemptOutcome which;
-  which.out_of_memory = nothing_fits;
   std::ostringstream message;
-  message << which.ranks_text() << " ran out of memory on a micro-batch of " << low << " " << unit
-          << (low == 1 ? "" : "s") << " while probing memory before the first step ("
-          << limit_text(options.memory_limits.empty() ? std::vector<int>{} : nothing_fits)
-          << ", peak " << memory::format_bytes(peak)
+  message << ranks_text(nothing_fits) << " ran out of memory on a micro-batch of "
+          << count_text(low) << " while probing memory before the first step ("
+          << limits.text(nothing_fits) << ", peak " << memory::format_bytes(peak)
           << "): the model's parameters, gradients and optimizer state leave no room for "
              "its activations; raise --memory-limit, use more memory per rank or a smaller "
              "model"
@@ -105,12 +91,12 @@ std::int64_t Trainer::State::predicted_size(const MemoryProbe& probe, int r,
   const auto i = static_cast<std::size_t>(r);
   const double width = documents() ? static_cast<double>(size_floor) : 0.0;
   const auto predicted =
-      memory_models[i].largest(rank_limits[i], options.memory_margin, size_cap, width);
+      memory_models[i].largest(limits.of(r), options.memory_margin, size_cap, width);
   std::int64_t size = predicted ? *predicted : probe.failed(r) > 0 ? probe.fitted(r) : size_cap;
   // A size the probe measured is kept even when the margin says less.
   if (predicted) size = std::max(*predicted, probe.fitted(r));
   line.rank = r;
-  line.limit = rank_limits[i];
+  line.limit = limits.of(r);
   line.predicted = predicted ? *predicted : -1;
   line.fitted = predicted.has_value();
   if (const auto fit = memory_models[i].fit()) line.fit = *fit;
@@ -127,11 +113,10 @@ std::int64_t Trainer::State::predicted_size(const MemoryProbe& probe, int r,
 // Every rank starts at its memory model's prediction; a rank with nothing to predict from keeps
 // its whole share (or the largest probe that fitted, when one ran out).
 void Trainer::State::start_from_probe(const MemoryProbe& probe, double seconds) {
-  const std::string unit = documents() ? "token" : "row";
   std::vector<std::int64_t> sizes, failed;
   MemoryPrediction event;
   event.step = step;
-  event.unit = unit;
+  event.unit = documents() ? "token" : "row";
   event.margin = options.memory_margin;
   event.probe_attempts = probe.attempts();
   for (int r = 0; r < world; ++r) {
@@ -156,18 +141,31 @@ void Trainer::State::start_from_probe(const MemoryProbe& probe, double seconds) 
     // The budgets were predicted at the longest document's width: with --token-cost memory, a
     // piece of narrower documents may take more tokens for the same predicted peak
     // (data::WidthCost).
-    width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
+    costs.width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
     for (int r = 0; r < world; ++r) {
       const auto fit = memory_models[static_cast<std::size_t>(r)].fit();
       if (fit && fit->per_unit > 0 && fit->per_square > 0)
-        width_costs[static_cast<std::size_t>(r)] =
+        costs.width_costs[static_cast<std::size_t>(r)] =
             data::WidthCost{fit->per_square / fit->per_unit, size_floor};
     }
   }
   event.seconds = seconds;
   memory::release_cached_memory();
   prediction = event;
-  notify([&](StepObserver& o) { o.on_prediction(event); });
+  reporter.notify([&](StepObserver& o) { o.on_prediction(event); });
+}
+
+// --balance throughput: after every step, its measured speeds; every --balance-every steps new
+// shares (sizing/balance.hpp), each rank at least its micro-batch when that is fixed.
+void Trainer::State::rebalance(const std::vector<std::int64_t>& step_shares,
+                               const std::vector<double>& compute_seconds) {
+  std::vector<std::int64_t> floors;
+  if (!documents() && !micro_batches->automatic()) {
+    for (int r = 0; r < world; ++r)
+      floors.push_back(std::min(micro_batches->current(r), balance->total() / world));
+  }
+  const auto change = balance->measure(step, total_steps, step_shares, compute_seconds, floors);
+  if (change) reporter.say(change->text(documents()));
 }
 
 // --balance throughput with an automatic micro-batch of rows: when the shares change, each
@@ -178,14 +176,14 @@ void Trainer::State::start_from_probe(const MemoryProbe& probe, double seconds) 
 // rank's sizes from the same shares and models: no collective.
 void Trainer::State::follow_shares() {
   if (!sizes_follow_shares()) return;
-  const std::vector<std::int64_t> now = shares->shares(step);
-  if (now == followed_shares) return;
-  followed_shares = now;
+  const std::optional<std::vector<std::int64_t>> changed = balance->to_follow(step);
+  if (!changed) return;
+  const std::vector<std::int64_t>& now = *changed;
   const std::int64_t widest = *std::max_element(now.begin(), now.end());
   std::vector<std::optional<std::int64_t>> predicted(static_cast<std::size_t>(world));
-  for (std::size_t i = 0; i < predicted.size() && i < rank_limits.size(); ++i) {
-    if (rank_limits[i] > 0)
-      predicted[i] = memory_models[i].largest(rank_limits[i], options.memory_margin, widest);
+  for (std::size_t i = 0; i < predicted.size() && i < limits.all().size(); ++i) {
+    if (limits.all()[i] > 0)
+      predicted[i] = memory_models[i].largest(limits.all()[i], options.memory_margin, widest);
   }
   if (!micro_batches->per_rank()) {
     std::optional<std::int64_t> smallest;
@@ -194,8 +192,8 @@ void Trainer::State::follow_shares() {
     if (smallest) predicted.assign(predicted.size(), smallest);
   }
   if (micro_batches->follow_shares(now, predicted).empty()) return;
-  say("step " + std::to_string(step) + ": micro-batches " + micro_batches->describe() +
-      " follow the rows per rank " + sizes_text(now));
+  reporter.say("step " + std::to_string(step) + ": micro-batches " + micro_batches->describe() +
+               " follow the rows per rank " + sizes_text(now));
 }
 
 // --dry-run: after the probe, what the user asked for: the largest global batch that runs
@@ -203,7 +201,8 @@ void Trainer::State::follow_shares() {
 void Trainer::State::report_dry_run() {
   const std::string units = documents() ? "tokens" : "rows";
   if (!prediction) {
-    say("dry run: nothing to predict against (no --memory-limit, and not on a GPU): every rank "
+    reporter.say(
+        "dry run: nothing to predict against (no --memory-limit, and not on a GPU): every rank "
         "would start at its whole share, " +
         std::to_string(size_cap) + " " + units + ", and halve if it ran out of memory");
     return;
@@ -230,13 +229,13 @@ void Trainer::State::report_dry_run() {
                     "hold more"
                   : "")
        << ")";
-  say(line.str());
+  reporter.say(line.str());
   if (!documents()) {
     std::ostringstream plan_line;
     plan_line << "dry run: --global-batch " << options.global_batch
               << " would start at micro-batch " << micro_batches->describe() << " (accumulation "
               << micro_batches->accumulation(0, size_cap) << " on rank 0)";
-    say(plan_line.str());
+    reporter.say(plan_line.str());
   }
 }
 
@@ -250,13 +249,10 @@ void Trainer::State::fail_if_refused(const StepOutcome& outcome) {
   // read the same outcome); the lowest refusing rank's message is printed once.
   std::string mine;
   if (std::find(refused.begin(), refused.end(), rank) != refused.end()) {
-    const std::int64_t size = last_tried;  // the attempt's (a probe's size is not current)
-    const std::string unit = documents() ? " tokens" : size == 1 ? " row" : " rows";
     mine = "rank " + std::to_string(rank) + ": the model fails on a micro-batch of " +
-           std::to_string(size) + unit + " (out of memory at " + std::to_string(refused_after) +
-           ", limit " +
-           limit_text(options.memory_limits.empty() ? std::vector<int>{} : std::vector<int>{rank}) +
-           "): " + last_line(refusal) +
+           count_text(refusals.size()) + " (out of memory at " +
+           std::to_string(refusals.refused_after()) + ", limit " + limits.text({rank}) +
+           "): " + last_line(refusals.what()) +
            "; it needs a larger micro-batch than the memory leaves room for: raise "
            "--memory-limit, use more memory per rank or a smaller model";
   }
@@ -286,9 +282,9 @@ void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
   event.per_rank = micro_batches->per_rank();
   event.tokens = documents();
   event.world = world;
-  event.limit_text = limit_text(options.memory_limits.empty() ? std::vector<int>{} : event.ranks);
+  event.limit_text = limits.text(event.ranks);
   result.oom_events += static_cast<std::int64_t>(event.ranks.size());
-  notify([&](StepObserver& o) { o.on_oom(event); });
+  reporter.notify([&](StepObserver& o) { o.on_oom(event); });
   if (!can_shrink) {
     std::int64_t worst_peak = 0;
     for (int r : event.ranks)

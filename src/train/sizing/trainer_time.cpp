@@ -31,7 +31,7 @@ void Trainer::State::predict_steps(int r, TimeProbe::Rank& line) const {
     const auto predict = [&](std::int64_t b) {
       double seconds = 0;
       for (const auto& piece :
-           data::plan_documents(share, b, width_cost(r), line.fit->piece_cost()).pieces)
+           data::plan_documents(share, b, costs.width_cost(r), line.fit->piece_cost()).pieces)
         seconds += line.fit->predict(piece_shape(piece));
       return seconds;
     };
@@ -51,7 +51,7 @@ void Trainer::State::fit_times(const TimeProbeSchedule& probe, double probe_seco
   event.step = step;
   event.probe_attempts = probe.attempts();
   event.widest = size_floor;
-  time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
+  costs.time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
   for (int r = 0; r < world; ++r) {
     const std::vector<std::pair<MicroBatchShape, double>> timed = probe.timed(r);
     TimeProbe::Rank line;
@@ -63,13 +63,13 @@ void Trainer::State::fit_times(const TimeProbeSchedule& probe, double probe_seco
       for (const auto& [shape, seconds] : timed)
         line.error = std::max(line.error, std::abs(line.fit->predict(shape) / seconds - 1));
     }
-    time_fits[static_cast<std::size_t>(r)] = line.fit;
+    costs.time_fits[static_cast<std::size_t>(r)] = line.fit;
     if (line.fit) predict_steps(r, line);
     event.ranks.push_back(line);
   }
   event.seconds = probe_seconds;
   memory::release_cached_memory();
-  notify([&](StepObserver& o) { o.on_time_probe(event); });
+  reporter.notify([&](StepObserver& o) { o.on_time_probe(event); });
 }
 
 }  // namespace autoaccum::train

@@ -42,7 +42,7 @@ void Trainer::State::run_time_probe(const data::Batch& slab) {
     const StepOutcome outcome = attempt(slab, m, probe.next_piece());
     fail_if_refused(outcome);
     if (outcome.abandoned || outcome.stop) {  // no fits: the step loop stops
-      time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
+      costs.time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
       memory::release_cached_memory();
       return;
     }

@@ -71,10 +71,7 @@ bool stop_requested() noexcept {
 // 0) and always rolls back: it measures memory or time and changes nothing.
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe) {
   reducer->begin();
-  const std::int64_t tried_before = largest_tried;
-  largest_tried = std::max(largest_tried, m);
-  const std::int64_t previous = last_tried;
-  last_tried = m;
+  refusals.start(m);
   memory::reset_peak();
   const std::int64_t base_bytes = memory::live_bytes();
   const auto compute_start = Clock::now();
@@ -90,7 +87,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
     run_pieces(slab, cut, probe != ProbePiece::kNone, progress);
   } catch (const std::exception& e) {
     if (!watch.explains(e)) {
-      refuse_or_rethrow(e, progress.phase, m, tried_before, previous);
+      refuse_or_rethrow(e, progress.phase);
       progress.phase = AttemptPhase::kRefused;
     }
     progress.out_of_memory = true;
@@ -155,12 +152,14 @@ void Trainer::State::run_pieces(const data::Batch& slab, const data::MicroBatchP
 data::MicroBatchPlan Trainer::State::plan_attempt(const data::Batch& slab, std::int64_t m,
                                                   ProbePiece probe, RankReport& report) {
   data::MicroBatchPlan cut;
-  if (m > 0) cut = data::plan_micro_batches(slab, m, width_cost(rank), piece_cost(rank));
+  if (m > 0)
+    cut =
+        data::plan_micro_batches(slab, m, costs.width_cost(rank), costs.piece_cost(options, rank));
   report.pieces = static_cast<std::int64_t>(cut.pieces.size());
   report.tokens = cut.tokens;
   report.padded_tokens = cut.padded_tokens;
   predicted_compute = 0;
-  if (const auto fit = time_fit(rank); fit && probe == ProbePiece::kNone) {
+  if (const auto fit = costs.time_fit(rank); fit && probe == ProbePiece::kNone) {
     for (const data::MicroBatchPiece& piece : cut.pieces)
       predicted_compute += fit->predict(piece_shape(piece));
   }
@@ -202,18 +201,21 @@ void Trainer::State::run_micro_batch(const data::Batch& slab, const data::MicroB
   progress.phase = AttemptPhase::kBackward;
   at::Tensor scaled = terms.sum;
   if (loss_scale.enabled()) scaled = scaled * loss_scale.value();
-  if (first && overflow_drill_fires())
+  if (first && drills.overflow(step))
     scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
   if (last) reducer->arm(scaled);  // --overlap: gradients go in buckets as backward makes them
   // --inject-oom ...,backward=1: thrown from the first parameter's gradient hook.
-  inject_in_backward.store(oom_drill_fires(/*backward=*/true, piece.size()));
+  inject_in_backward.store(drills.out_of_memory(/*backward=*/true, piece.size(), step));
   scaled.backward();
   // Summed in double: a rank's count of tokens may pass 2^24.
   const at::Tensor loss_term = terms.sum.detach().to(at::kDouble);
   const at::Tensor weight_term = terms.weight.to(at::kDouble);
   progress.loss = progress.loss.defined() ? progress.loss + loss_term : loss_term;
   progress.weight = progress.weight.defined() ? progress.weight + weight_term : weight_term;
-  if (slow_factor != 1.0) slow_down(micro_start);
+  if (drills.slow()) {
+    if (context.use_cuda) memory::synchronize_device();  // the device's work, not its launches
+    drills.slow_down(micro_start);
+  }
   if (!checked_views) {
     if (!reducer->gradients_intact()) throw Error("internal: autograd replaced a gradient view");
     checked_views = true;
@@ -240,7 +242,7 @@ Objective::Terms Trainer::State::forward_terms(const std::vector<at::Tensor>& in
     output = model->forward(inputs);
   // Injected after the forward pass, so the activations exist when it throws, as in a real OOM
   // late in forward; they must be released like a real one's.
-  if (oom_drill_fires(/*backward=*/false, rows)) {
+  if (drills.out_of_memory(/*backward=*/false, rows, step)) {
     memory::throw_out_of_memory("injected out-of-memory (--inject-oom) at micro-batch " +
                                 std::to_string(rows));
   }
@@ -255,14 +257,11 @@ Objective::Terms Trainer::State::forward_terms(const std::vector<at::Tensor>& in
 // BatchNorm's one row (recorded as the refusal). Anything else, autoaccum's own errors above all
 // (internal ones, a model that returns the wrong kind of output), is this rank's own failure:
 // rethrown (spmd_main aborts).
-void Trainer::State::refuse_or_rethrow(const std::exception& e, AttemptPhase phase, std::int64_t m,
-                                       std::int64_t tried_before, std::int64_t previous) {
+void Trainer::State::refuse_or_rethrow(const std::exception& e, AttemptPhase phase) {
   const bool from_the_model = dynamic_cast<const Error*>(&e) == nullptr &&
                               (phase == AttemptPhase::kForward || phase == AttemptPhase::kLoss ||
                                phase == AttemptPhase::kBackward);
-  if (!(from_the_model && m > 0 && m < tried_before && ran_out_before)) throw;
-  refusal = e.what();
-  refused_after = previous;
+  if (!refusals.take(e.what(), from_the_model)) throw;
 }
 
 // This rank's report and loss terms into the control region, the step's one reduction, and the
@@ -290,7 +289,7 @@ StepOutcome Trainer::State::reduce_and_agree(const RankReport& report,
   at::from_blob(control_values.data(), {control_count}, at::kFloat)
       .copy_(reducer->part(Reducer::Part::kControl));
   StepOutcome outcome = agree_on_step(control, control_values.data());
-  if (!outcome.out_of_memory.empty()) ran_out_before = true;
+  if (!outcome.out_of_memory.empty()) refusals.saw_out_of_memory();
   for (int r = 0; r < world; ++r) {
     auto& peak = peak_bytes[static_cast<std::size_t>(r)];
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
@@ -298,33 +297,13 @@ StepOutcome Trainer::State::reduce_and_agree(const RankReport& report,
   return outcome;
 }
 
-// The attempt's fault drills: --inject-oom (in forward, or in backward with backward=1),
-// --inject-overflow (the first micro-batch's loss made infinite), --inject-slow.
-bool Trainer::State::oom_drill_fires(bool backward, std::int64_t rows) const {
-  return std::any_of(options.inject_oom.begin(), options.inject_oom.end(), [&](const auto& i) {
-    return i.backward == backward && i.fires(rank, rows, step);
-  });
-}
-
-bool Trainer::State::overflow_drill_fires() const {
-  return std::any_of(options.inject_overflow.begin(), options.inject_overflow.end(),
-                     [&](const auto& i) { return i.rank == rank && i.step == step; });
-}
-
-// As if this rank's hardware were `slow_factor` times slower per row. On a GPU the time is the
-// device's work, not its launches.
-void Trainer::State::slow_down(Clock::time_point micro_start) const {
-  if (context.use_cuda) memory::synchronize_device();
-  std::this_thread::sleep_for(
-      std::chrono::duration<double>((slow_factor - 1.0) * seconds_since(micro_start)));
-}
-
 void Trainer::State::stop_for_signal(const std::string& where) {
   save_checkpoint();
   finish("preempted");
-  say("autoaccum: stopped by a signal at step " + std::to_string(step) + where +
-      (options.checkpoint.empty() ? std::string(" (no --checkpoint given: progress is lost)")
-                                  : "; checkpoint written to " + options.checkpoint));
+  reporter.say("autoaccum: stopped by a signal at step " + std::to_string(step) + where +
+               (options.checkpoint.empty()
+                    ? std::string(" (no --checkpoint given: progress is lost)")
+                    : "; checkpoint written to " + options.checkpoint));
   result.preempted = true;
 }
 
@@ -372,7 +351,7 @@ TrainResult Trainer::run_steps() {
   comm::Watchdog& dog = comm::watchdog();
   while (s.step < s.total_steps) {
     dog.set_context(s.watchdog_context());
-    s.stall_drill();
+    s.drills.stall(s.step);
     // Read the slab.
     StepTimes times;
     times.start = Clock::now();
@@ -424,7 +403,7 @@ TrainResult Trainer::run_steps() {
 TrainResult Trainer::State::end_dry_run() {
   report_dry_run();
   result.steps_done = 0;
-  finished.store(true);
+  reporter.close();
   return result;
 }
 
@@ -444,13 +423,6 @@ TrainResult Trainer::State::end_run(double last_loss) {
 }
 
 // --inject-stall: this rank stops for a while at the start of a step (a hung file system or GPU).
-void Trainer::State::stall_drill() const {
-  for (const auto& stall : options.inject_stall) {
-    if (stall.rank == rank && stall.step == step)
-      std::this_thread::sleep_for(std::chrono::duration<double>(stall.seconds));
-  }
-}
-
 // Attempts at the batch until one succeeds (or a stop signal abandons it), each agreed
 // out-of-memory lowering the micro-batch first; `times` counts the retries and their time.
 StepOutcome Trainer::State::attempt_until_it_fits(const data::Batch& slab, StepTimes& times) {
@@ -485,7 +457,7 @@ OptimizerUpdate Trainer::State::update_parameters(const StepOutcome& outcome) {
     std::ostringstream line;
     line << "step " << step << ": fp16 gradients overflowed at loss scale " << update.loss_scale
          << "; every rank skips the step and continues at " << loss_scale.value();
-    say(line.str());
+    reporter.say(line.str());
   } else if (stepped == OptimizerStep::Result::kStepped) {
     loss_scale.after_clean_step();
   }
@@ -498,9 +470,9 @@ OptimizerUpdate Trainer::State::update_parameters(const StepOutcome& outcome) {
   update.skipped = stepped == OptimizerStep::Result::kSkipped;
   if (update.skipped && !overflow) {
     ++result.skipped_steps;
-    say("step " + std::to_string(step) +
-        ": non-finite loss or gradient on some rank; step skipped (" +
-        std::to_string(result.skipped_steps) + " so far)");
+    reporter.say("step " + std::to_string(step) +
+                 ": non-finite loss or gradient on some rank; step skipped (" +
+                 std::to_string(result.skipped_steps) + " so far)");
   }
   return update;
 }
@@ -523,7 +495,7 @@ void Trainer::State::report_step(const StepOutcome& outcome, const OptimizerUpda
   figures.rows = split.rows;
   figures.documents = documents();
   const io::StepRow row = step_row(outcome, update, times, figures);
-  notify([&](StepObserver& observer) { observer.on_step(row, figures); });
+  reporter.notify([&](StepObserver& observer) { observer.on_step(row, figures); });
 }
 
 io::StepRow Trainer::State::step_row(const StepOutcome& outcome, const OptimizerUpdate& update,
@@ -573,9 +545,9 @@ void Trainer::State::announce_probes(const std::vector<int>& probing) {
                : "probes micro-batch " + std::to_string(micro_batches->current(r));
   };
   if (!probing.empty() && !micro_batches->per_rank())
-    say("every rank " + what(probing.front()) + " at step " + std::to_string(step));
+    reporter.say("every rank " + what(probing.front()) + " at step " + std::to_string(step));
   for (int r : micro_batches->per_rank() ? probing : std::vector<int>{})
-    say("rank " + std::to_string(r) + " " + what(r) + " at step " + std::to_string(step));
+    reporter.say("rank " + std::to_string(r) + " " + what(r) + " at step " + std::to_string(step));
 }
 
 }  // namespace autoaccum::train

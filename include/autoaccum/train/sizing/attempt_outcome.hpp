@@ -24,6 +24,8 @@ enum class AttemptPhase : int {
 };
 const char* phase_name(AttemptPhase phase) noexcept;  // "forward", "backward", ...
 
+std::string ranks_text(const std::vector<int>& ranks);  // "rank 1" or "ranks 0, 2"
+
 struct AttemptOutcome {
   std::vector<int> out_of_memory;            // ranks that ran out of memory, ascending
   std::vector<std::int64_t> peak_bytes;      // per rank, this attempt
@@ -39,7 +41,7 @@ struct AttemptOutcome {
   // Ranks whose model refused a smaller micro-batch (phase kRefused; also in out_of_memory, so
   // the attempt fails like one that ran out).
   std::vector<int> refused() const;
-  std::string ranks_text() const;  // "rank 1" or "ranks 0, 2"
+  std::string ranks_text() const { return train::ranks_text(out_of_memory); }
   // " in backward" when every rank that ran out was in the same phase, else " (rank 0 in
   // forward, rank 1 in backward)".
   std::string phases_text() const;

@@ -13,6 +13,10 @@
 
 namespace autoaccum::train {
 
+// The models' view of a micro-batch of the plan (data/micro_batch_plan.hpp): rows, or padded
+// tokens and rows x width^2.
+MicroBatchShape piece_shape(const data::MicroBatchPiece& piece);
+
 // seconds = fixed + per_unit x padded tokens + per_square x rows x width^2, every coefficient
 // non-negative and per_unit positive: a micro-batch's own cost (calls, small products, the loss),
 // each padded token's (the linear layers), and attention's scores, which grow with the width.

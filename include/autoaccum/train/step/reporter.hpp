@@ -1,9 +1,13 @@
 // What the step reports, and to whom: the observer interface that run/ implements (run log rows,
-// progress lines), and every rank's figures at a finished step.
+// progress lines), every rank's figures at a finished step, and the Reporter that holds the
+// run's observers.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autoaccum/io/run_log.hpp"
@@ -49,6 +53,43 @@ class StepObserver {
     (void)message;
     (void)final_micro_batch;
   }
+};
+
+// The run's observers, in the order run/ opened them, and what is said to them. Every rank has
+// one; an observer that only rank 0 needs is only made there.
+class Reporter {
+ public:
+  void add(std::unique_ptr<StepObserver> observer) { observers_.push_back(std::move(observer)); }
+  template <class Fn>
+  void notify(Fn&& fn) {
+    for (auto& observer : observers_)
+      fn(*observer);
+  }
+  void say(const std::string& line) {
+    notify([&](StepObserver& o) { o.on_message(line); });
+  }
+  // A note from before the observers exist (set-up, resume): said as "note: ..." by
+  // say_notes(), after the banner.
+  void note(std::string line) { notes_.push_back(std::move(line)); }
+  void say_notes() {
+    for (const auto& line : notes_)
+      say("note: " + line);
+    notes_.clear();
+  }
+  // The run's end, told once: the watchdog's last words may tell it from their own thread while
+  // the main thread waits in a collective.
+  void finish(const std::string& status, const std::string& message,
+              std::int64_t final_micro_batch) {
+    if (finished_.exchange(true)) return;
+    notify([&](StepObserver& o) { o.on_finish(status, message, final_micro_batch); });
+  }
+  // An end with nothing to tell (--dry-run): later ends are not told either.
+  void close() { finished_.store(true); }
+
+ private:
+  std::vector<std::unique_ptr<StepObserver>> observers_;
+  std::vector<std::string> notes_;
+  std::atomic<bool> finished_{false};
 };
 
 }  // namespace autoaccum::train
