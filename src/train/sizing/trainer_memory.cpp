@@ -181,9 +181,10 @@ void Trainer::State::follow_shares() {
   const std::vector<std::int64_t>& now = *changed;
   const std::int64_t widest = *std::max_element(now.begin(), now.end());
   std::vector<std::optional<std::int64_t>> predicted(static_cast<std::size_t>(world));
-  for (std::size_t i = 0; i < predicted.size() && i < limits.all().size(); ++i) {
-    if (limits.all()[i] > 0)
-      predicted[i] = memory_models[i].largest(limits.all()[i], options.memory_margin, widest);
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (limits.of(r) > 0)
+      predicted[i] = memory_models[i].largest(limits.of(r), options.memory_margin, widest);
   }
   if (!micro_batches->per_rank()) {
     std::optional<std::int64_t> smallest;
