@@ -13,31 +13,10 @@
 #include "../trainer_state.hpp"
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/console.hpp"
+#include "autoaccum/core/fingerprint.hpp"
 
 namespace autoaccum::train {
 namespace {
-
-// FNV-1a, 64 bits: enough to tell one data file from another of the same shape.
-struct Fingerprint {
-  std::uint64_t value = 14695981039346656037ull;
-  void add(const void* data, std::size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < bytes; ++i)
-      value = (value ^ p[i]) * 1099511628211ull;
-  }
-  void add(const std::string& text) { add(text.data(), text.size()); }
-  void add(std::int64_t number) { add(&number, sizeof number); }
-  std::string hex() const {
-    char text[17];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-    return text;
-  }
-};
-
-std::string basename_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 std::string files_text(const io::DataOrder& d) {
   std::string text;
@@ -110,42 +89,6 @@ std::string order_options(const io::Checkpoint& c) {
   return text;
 }
 
-}  // namespace
-
-io::DataOrder Trainer::State::describe_data_order() const {
-  io::DataOrder d;
-  d.global_batch = options.global_batch;
-  d.global_batch_tokens = options.global_batch_tokens;
-  d.shuffle = options.shuffle;
-  d.rows = reader->schema().rows;
-  Fingerprint print;
-  print.add(reader->schema().describe());
-  const auto rows = reader->shard_rows();
-  for (std::size_t s = 0; s < rows.size(); ++s) {
-    d.files.push_back(basename_of(reader->paths()[s]));
-    print.add(rows[s]);
-  }
-  // A few rows' values: the first, the last and two between (host staging, not counted).
-  const memory::UncountedScope staging;
-  const std::int64_t n = d.rows;
-  for (const std::int64_t row : {std::int64_t{0}, n / 3, (2 * n) / 3, n - 1}) {
-    const data::Batch one = reader->read(row, row + 1);
-    std::vector<at::Tensor> values;
-    for (std::size_t i = 0; i < one.size(); ++i)
-      values.push_back(one[i].contiguous());
-    if (const data::Documents* documents = one.documents()) {
-      values.push_back(documents->tokens);
-      if (documents->labels.defined()) values.push_back(documents->labels);
-    }
-    for (const at::Tensor& t : values)
-      print.add(t.data_ptr(), static_cast<std::size_t>(t.nbytes()));
-  }
-  d.fingerprint = print.hex();
-  return d;
-}
-
-namespace {
-
 // A checkpoint whose data or data order differs from this run's is refused: resumed so, the run
 // would read some rows of the epoch twice and others never (--resume-reshape takes a new order
 // from an epoch boundary on).
@@ -199,21 +142,20 @@ void Trainer::State::resume() {
   const std::string& chosen = loaded->path;
   // The same record on every rank: every rank reaches the same verdict without a word.
   const io::Checkpoint& c = loaded->checkpoint;
-  const OrderChange change = data_order_change(c, data_order, options.seed);
-  refuse_order_change(c, chosen, change, options.resume_reshape, reader->schema());
-  reshaped = change.kind == OrderChange::kOrder;
+  const OrderChange change = data_order_change(c, feed.order(), options.seed);
+  refuse_order_change(c, chosen, change, options.resume_reshape, feed.reader().schema());
+  if (change.kind == OrderChange::kOrder) feed.set_reshaped();
   set_damaged_aside(*loaded);
   restore(c);
   checkpoint_step = step;
   // Epochs are counted from the checkpoint's epoch start (a reshaped run's is no multiple of
   // this run's batches per epoch); --epochs counts from there too.
   if (c.data.global_batch != 0) {
-    epoch_origin_step = c.step - c.data.batch_in_epoch;
-    epoch_origin = c.epoch;
-    total_steps = std::max(steps_wanted(), step);
-    schedule = make_schedule(options.lr, options.warmup_steps, total_steps, options.schedule);
+    feed.resume_at(step, c.step - c.data.batch_in_epoch, c.epoch);
+    schedule =
+        make_schedule(options.lr, options.warmup_steps, feed.total_steps(), options.schedule);
   }
-  if (reshaped && root && !options.quiet)
+  if (feed.reshaped() && root && !options.quiet)
     std::cout << "autoaccum: --resume-reshape: epoch " << c.epoch << " (from step " << c.step
               << ") on reads every row once in the new order: " << change.what << std::endl;
 }
@@ -279,8 +221,10 @@ void Trainer::State::restore(const io::Checkpoint& c) {
   if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
   step = c.step;
   loss_scale.restore(c.loss_scale, c.loss_scale_clean_steps);
-  const std::vector<std::int64_t> saved = restore_micro_batches(c);
-  restore_fits(c);
+  std::string note;
+  const std::vector<std::int64_t> saved = sizing.restore_sizes(c, note);
+  if (!note.empty()) reporter.note(note);
+  sizing.restore_fits(c);
   restore_shares(c, saved);
 }
 
@@ -339,76 +283,13 @@ std::string Trainer::State::restore_model(const io::Checkpoint& c) {
   return problem;
 }
 
-// The micro-batch learned before. What fits on a rank depends on its memory and the model, not on
-// how many ranks share the batch: on the same ranks each continues at its own size; on another
-// number of ranks the sizes are kept where they were equal, and with per-rank sizes (which belong
-// to ranks that may no longer exist) every rank starts from the largest and halves where it must.
-// Capped by the new per-rank batch either way. Returns the sizes it continues at.
-std::vector<std::int64_t> Trainer::State::restore_micro_batches(const io::Checkpoint& c) {
-  std::vector<std::int64_t> saved = c.micro_batches;
-  if (saved.empty() && c.micro_batch > 0) saved.push_back(c.micro_batch);
-  std::string note;
-  if (!saved.empty() && c.world_size != world) {
-    const std::int64_t largest = *std::max_element(saved.begin(), saved.end());
-    const bool equal =
-        std::all_of(saved.begin(), saved.end(), [&](std::int64_t m) { return m == saved.front(); });
-    note = "the checkpoint was written by " + std::to_string(c.world_size) + " rank(s); now " +
-           std::to_string(world) + ": " +
-           (equal ? "every rank keeps micro-batch " + std::to_string(largest)
-                  : "per-rank micro-batches (" + sizes_text(saved) +
-                        ") do not map onto other ranks: every rank starts at " +
-                        std::to_string(largest) + " and halves where it runs out of memory") +
-           (largest > size_cap
-                ? " (capped at the new per-rank batch, " + std::to_string(size_cap) + ")"
-                : "");
-    saved = {largest};
-  } else if (!saved.empty() && static_cast<int>(saved.size()) != world) {
-    saved = {*std::max_element(saved.begin(), saved.end())};
-  }
-  make_micro_batches(saved);
-  if (!note.empty()) reporter.note(note);
-  return saved;
-}
-
-void Trainer::State::restore_fits(const io::Checkpoint& c) {
-  // The memory models and the documents' width costs continue on the same ranks, so the resumed
-  // run predicts, regrows and cuts documents as the interrupted one would have. On another
-  // number of ranks they belong to ranks that may not exist: learned again from the attempts.
-  if (c.world_size == world && static_cast<int>(c.memory_models.size()) == world &&
-      memory_models.size() == c.memory_models.size()) {
-    costs.width_costs.assign(static_cast<std::size_t>(world), data::WidthCost{});
-    for (std::size_t r = 0; r < memory_models.size(); ++r) {
-      const auto& m = c.memory_models[r];
-      memory_models[r] = MemoryModel::from_record({m.points, m.failed_units, m.base});
-      if (documents() && !fixed_size && options.token_cost_by_memory && m.width_ratio > 0)
-        costs.width_costs[r] = data::WidthCost{m.width_ratio, size_floor};
-    }
-  }
-  // --micro-batch-cost auto: the time fits continue on the same ranks, so the resumed run cuts as
-  // the interrupted one did (no time probe); on another number of ranks they are probed again.
-  if (c.world_size == world && static_cast<int>(c.time_fits.size()) == world && documents() &&
-      options.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto) {
-    costs.time_fits.assign(static_cast<std::size_t>(world), std::nullopt);
-    for (std::size_t r = 0; r < c.time_fits.size(); ++r) {
-      const auto& f = c.time_fits[r];
-      if (f.per_unit > 0) costs.time_fits[r] = TimeFit{f.fixed, f.per_unit, f.per_square};
-    }
-    time_pending = false;
-  }
-}
-
 void Trainer::State::restore_shares(const io::Checkpoint& c,
                                     const std::vector<std::int64_t>& saved) {
-  // Balanced shares continue on the same ranks; on another number they start even again.
-  if (options.balance && balance->restore(step, c.shares, c.shares_after, c.shares_followed)) {
-    // The recorded sizes follow the shares they last followed (the step before's, when a
-    // change applies from this step; checkpoints older than shares_followed: taken to be this
-    // step's). They follow again only when the shares change, as in the interrupted run (a
-    // resumed run that followed them afresh would start from what its memory models say now,
-    // not from the sizes it had). A size grown past the even share into a larger one is kept:
-    // the share, not the even split, is its cap.
-    if (!documents() && static_cast<int>(saved.size()) == world)
-      micro_batches->resume_shares(balance->followed(), saved);
+  // Balanced shares continue on the same ranks, and sizes that followed them follow them again
+  // (Sizing::resume_shares); on another number of ranks they start even again.
+  if (options.balance &&
+      feed.balance().restore(step, c.shares, c.shares_after, c.shares_followed)) {
+    sizing.resume_shares(saved);
   } else if (options.balance && !c.shares.empty()) {
     reporter.note("the checkpoint's balanced shares (" + sizes_text(c.shares) +
                   ") were for another number of ranks or global batch: the ranks start "
@@ -500,27 +381,16 @@ std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> gene
                                                    std::vector<std::string> fingerprints) {
   io::Checkpoint c;
   c.step = step;
-  c.epoch = position(step).epoch;
-  c.micro_batch = micro_batches->current(0);
-  c.micro_batches = micro_batches->sizes();
+  c.epoch = feed.position(step).epoch;
   if (options.balance) {
-    c.shares = balance->shares(step);
-    c.shares_after = balance->shares(step + 1);
-    if (sizes_follow_shares()) c.shares_followed = balance->followed();
+    c.shares = feed.balance().shares(step);
+    c.shares_after = feed.balance().shares(step + 1);
   }
-  for (std::size_t r = 0; r < memory_models.size(); ++r) {
-    const MemoryModel::Record m = memory_models[r].record();
-    c.memory_models.push_back(
-        {m.points, m.failed_units, m.base, costs.width_cost(static_cast<int>(r)).ratio});
-  }
-  for (const auto& fit : costs.time_fits)
-    c.time_fits.push_back(
-        fit ? io::Checkpoint::TimeFitRecord{fit->fixed, fit->per_unit, fit->per_square}
-            : io::Checkpoint::TimeFitRecord{});
+  sizing.record(c);
   c.world_size = world;
   c.seed = options.seed;
-  c.data = data_order;
-  c.data.batch_in_epoch = position(step).batch;
+  c.data = feed.order();
+  c.data.batch_in_epoch = feed.position(step).batch;
   if (loss_scale.enabled()) {
     c.loss_scale = loss_scale.value();
     c.loss_scale_clean_steps = loss_scale.clean_steps();

@@ -14,12 +14,13 @@ namespace autoaccum::train {
 // Rows per forward: --eval-micro-batch, or four times the training micro-batch (no gradients, no
 // optimizer state to hold), at least 256.
 void Trainer::State::evaluate() {
-  if (!val_reader) return;
-  const std::int64_t m = options.eval_micro_batch > 0
-                             ? options.eval_micro_batch
-                             : std::max<std::int64_t>(micro_batches->current(rank) * 4, 256);
+  if (!feed.validation()) return;
+  const std::int64_t m =
+      options.eval_micro_batch > 0
+          ? options.eval_micro_batch
+          : std::max<std::int64_t>(sizing.micro_batches().current(rank) * 4, 256);
   const EvalEvent event =
-      train::evaluate(*model, *objective, *val_reader, comm, m, step, options.precision,
+      train::evaluate(*model, *objective, *feed.validation(), comm, m, step, options.precision,
                       [this](const at::Tensor& t) { return context.on_device(t); });
   result.eval_loss = event.loss;
   result.eval_accuracy =

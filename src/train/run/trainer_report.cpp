@@ -30,7 +30,7 @@ void Trainer::State::open_observers() {
     });
   }
   if (root && !options.quiet) {
-    reporter.add(std::make_unique<ProgressObserver>(options.log_every, step, total_steps));
+    reporter.add(std::make_unique<ProgressObserver>(options.log_every, step, feed.total_steps()));
   }
 }
 
@@ -39,7 +39,7 @@ io::ResumeRow Trainer::State::resume_row() const {
   io::ResumeRow resumed;
   resumed.global_batch =
       options.global_batch_tokens > 0 ? options.global_batch_tokens : options.global_batch;
-  resumed.reshaped = reshaped ? 1 : 0;
+  resumed.reshaped = feed.reshaped() ? 1 : 0;
   resumed.skipped_checkpoints = static_cast<std::int64_t>(resume_skipped.size());
   resumed.checkpoint = resumed_from;
   for (const auto& line : resume_skipped)
@@ -51,81 +51,84 @@ io::ResumeRow Trainer::State::resume_row() const {
 io::RunLogHeader Trainer::State::run_log_header() const {
   io::RunLogHeader header;
   header.world_size = world;
-  header.global_batch = plan->by_tokens() ? 0 : options.global_batch;
-  header.micro_batch_mode = micro_batches->automatic() ? "auto" : "fixed";
+  header.global_batch = feed.plan().by_tokens() ? 0 : options.global_batch;
+  header.micro_batch_mode = sizing.micro_batches().automatic() ? "auto" : "fixed";
   header.command_line = options.command_line;
   header.started_at = io::utc_now();
   header.hostnames = comm.hosts();  // gathered when the communicator was made
   // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
+  const auto state_floats = static_cast<int>(optimizer->state_kinds().size());
   std::string fixed_bytes_list;
-  for (const std::int64_t b : fixed_bytes(sharded()))
+  for (const std::int64_t b : exchange->fixed_bytes(sharded(), state_floats))
     fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
-  header.text = {{"model", model->describe()},
-                 {"loss", objective->describe()},
-                 {"optimizer", options.optimizer},
-                 {"schedule", options.schedule},
-                 {"data", reader->paths().front() +
-                              (reader->paths().size() > 1
-                                   ? " (+" + std::to_string(reader->paths().size() - 1) + " shards)"
-                                   : "")},
-                 {"memory_limit", limits.option_text()},
-                 {"micro_batch_scope", micro_batches->per_rank() ? "rank" : "global"},
-                 {"balance", balance_text()},
-                 {"overlap", overlap_text()},
-                 {"shard", sharded() ? "optimizer" : "none"},
-                 {"micro_batch_cost", micro_batch_cost_text()},
-                 {"fixed_bytes_counted", fixed_bytes_list},
-                 {"precision", to_string(options.precision)},
-                 {"micro_batch_unit", documents() ? "tokens" : "rows"}};
-  header.numbers = {
-      {"lr", options.lr},
-      {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
-      {"total_steps", static_cast<double>(total_steps)},
-      {"parameters", static_cast<double>(parameters.trainable_elements)},
-      {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
-      {"shared_parameters", static_cast<double>(parameters.shared_elements)},
-      {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
-      {"threads_per_rank", static_cast<double>(at::get_num_threads())},
-      {"lower_precision_gemm_speedup", lower_gemm_speedup},
-      {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
-      {"gradient_buckets", bucketed ? static_cast<double>(bucketed->buckets().size()) : 0.0},
-      {"bucket_bytes", bucketed ? static_cast<double>(bucketed->bucket_bytes()) : 0.0},
-      {"fixed_bytes_counted_unsharded", static_cast<double>(fixed_bytes(false).front())}};
+  header.text = {
+      {"model", model->describe()},
+      {"loss", objective->describe()},
+      {"optimizer", options.optimizer},
+      {"schedule", options.schedule},
+      {"data", feed.reader().paths().front() +
+                   (feed.reader().paths().size() > 1
+                        ? " (+" + std::to_string(feed.reader().paths().size() - 1) + " shards)"
+                        : "")},
+      {"memory_limit", sizing.limits().option_text()},
+      {"micro_batch_scope", sizing.micro_batches().per_rank() ? "rank" : "global"},
+      {"balance", balance_text()},
+      {"overlap", exchange->description()},
+      {"shard", sharded() ? "optimizer" : "none"},
+      {"micro_batch_cost", feed.cut_text()},
+      {"fixed_bytes_counted", fixed_bytes_list},
+      {"precision", to_string(options.precision)},
+      {"micro_batch_unit", documents() ? "tokens" : "rows"}};
+  header.numbers = {{"lr", options.lr},
+                    {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
+                    {"feed.total_steps()", static_cast<double>(feed.total_steps())},
+                    {"parameters", static_cast<double>(parameters.trainable_elements)},
+                    {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
+                    {"shared_parameters", static_cast<double>(parameters.shared_elements)},
+                    {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
+                    {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+                    {"lower_precision_gemm_speedup", lower_gemm_speedup},
+                    {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
+                    {"gradient_buckets", static_cast<double>(exchange->buckets())},
+                    {"bucket_bytes", static_cast<double>(exchange->bucket_bytes())},
+                    {"fixed_bytes_counted_unsharded",
+                     static_cast<double>(exchange->fixed_bytes(false, state_floats).front())}};
   return header;
 }
 
 std::string Trainer::State::sizes_text_for_banner() const {
   std::ostringstream text;
   if (documents()) {
-    text << reader->schema().describe_documents() << "\nautoaccum: global batch ";
-    if (plan->by_tokens()) {
+    text << feed.reader().schema().describe_documents() << "\nautoaccum: global batch ";
+    if (feed.plan().by_tokens()) {
       text << "up to " << options.global_batch_tokens << " tokens of whole documents (at most "
-           << plan->global_batch() << " documents)";
+           << feed.plan().global_batch() << " documents)";
     } else {
       text << options.global_batch << " documents";
     }
-    text << ", split between ranks by tokens (" << plan->batches_per_epoch()
-         << " batches per epoch), " << total_steps << " steps; micro-batch tokens "
-         << (micro_batches->automatic() ? "auto" : "fixed")
-         << (micro_batches->per_rank() ? " per rank" : "")
-         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe()
-         << " padded tokens (documents x longest)"
+    text << ", split between ranks by tokens (" << feed.plan().batches_per_epoch()
+         << " batches per epoch), " << feed.total_steps() << " steps; micro-batch tokens "
+         << (sizing.micro_batches().automatic() ? "auto" : "fixed")
+         << (sizing.micro_batches().per_rank() ? " per rank" : "")
+         << (sizing.micro_batches().automatic() ? ", starting at " : " at ")
+         << sizing.micro_batches().describe() << " padded tokens (documents x longest)"
          << (options.token_cost_by_memory
                  ? ", spent by memory (--token-cost memory: shorter documents take more tokens)"
                  : "")
-         << "; cut " << micro_batch_cost_text();
+         << "; cut " << feed.cut_text();
   } else {
-    text << reader->schema().rows << " rows, global batch " << options.global_batch << " ("
-         << plan->batches_per_epoch() << " batches per epoch), " << total_steps
-         << " steps; micro-batch " << (micro_batches->automatic() ? "auto" : "fixed")
-         << (micro_batches->per_rank() ? " per rank" : "")
-         << (micro_batches->automatic() ? ", starting at " : " at ") << micro_batches->describe();
+    text << feed.reader().schema().rows << " rows, global batch " << options.global_batch << " ("
+         << feed.plan().batches_per_epoch() << " batches per epoch), " << feed.total_steps()
+         << " steps; micro-batch " << (sizing.micro_batches().automatic() ? "auto" : "fixed")
+         << (sizing.micro_batches().per_rank() ? " per rank" : "")
+         << (sizing.micro_batches().automatic() ? ", starting at " : " at ")
+         << sizing.micro_batches().describe();
   }
   return text.str();
 }
 
 void Trainer::State::announce() {
-  const std::size_t nodes = node_count();
+  const std::size_t nodes = exchange->nodes();
   std::ostringstream banner;
   banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
          << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
@@ -136,7 +139,7 @@ void Trainer::State::announce() {
   }
   banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
   banner << sizes_text_for_banner();
-  banner << "; memory limit " << limits.option_text()
+  banner << "; memory limit " << sizing.limits().option_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");
   banner << "\nautoaccum: "
          << describe_precision(options.precision, context.use_cuda, lower_gemm_speedup,
@@ -149,15 +152,18 @@ void Trainer::State::announce() {
       banner << " (AUTOACCUM_FP16_ON_CPU: products in bf16 on this CPU; for tests)";
   }
   if (options.balance) banner << "\nautoaccum: balance: " << balance_text();
-  if (world > 1) banner << "\nautoaccum: gradient all-reduce " << overlap_text();
-  if (world > 1 && (sharded() || options.dry_run)) banner << "\nautoaccum: " << fixed_bytes_text();
+  if (world > 1) banner << "\nautoaccum: gradient all-reduce " << exchange->description();
+  if (world > 1 && (sharded() || options.dry_run)) {
+    const auto state_floats = static_cast<int>(optimizer->state_kinds().size());
+    banner << "\nautoaccum: " << exchange->fixed_bytes_text(state_floats);
+  }
   for (const auto& slow : options.inject_slow) {
     banner << "\nautoaccum: drill: rank " << slow.rank << " made " << slow.factor
            << "x slower per row (--inject-slow)";
   }
   if (step > 0)
     banner << "\nautoaccum: resumed at step " << step << " with micro-batch "
-           << micro_batches->describe();
+           << sizing.micro_batches().describe();
   reporter.say(banner.str());
   reporter.say_notes();
 }

@@ -78,9 +78,10 @@ Trainer::State::WatchdogRelease::~WatchdogRelease() {
 }
 
 std::string Trainer::State::watchdog_context() const {
-  std::string text = step < total_steps ? "in step " + std::to_string(step + 1) + " of " +
-                                              std::to_string(total_steps)
-                                        : "after the last step (" + std::to_string(step) + ")";
+  std::string text =
+      step < feed.total_steps()
+          ? "in step " + std::to_string(step + 1) + " of " + std::to_string(feed.total_steps())
+          : "after the last step (" + std::to_string(step) + ")";
   if (options.checkpoint.empty())
     text += "; no --checkpoint was given";
   else if (checkpoint_step < 0)
@@ -96,7 +97,7 @@ void Trainer::State::setup() {
   world = comm.size();
   root = rank == 0;
   loss_scale = LossScale(options.precision == Precision::kFp16);
-  options.memory_limit = limits.given(rank);  // --memory-limit A,B,...: this rank's item
+  options.memory_limit = sizing.limits().given(rank);  // --memory-limit A,B,...: this rank's item
   drills = Drills(options, rank);
   control = ControlLayout{world};
   const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
@@ -112,17 +113,18 @@ void Trainer::State::setup() {
   dog.set_last_words([this](const std::string& message) { finish("failed", message); });
 
   choose_device();
-  gather_limits();
+  // Each rank's limit, known on every rank: its --memory-limit item on the CPU; on a GPU the
+  // limit given, or else the device's memory.
+  std::int64_t limit = options.memory_limit;
+  if (context.use_cuda && limit <= 0) limit = memory::cuda_total_bytes(context.device.index());
+  sizing.gather_limits(limit);
   // The shards' globs expanded once: the outputs are checked against them, then they are read.
-  comm::collectively(comm, [&] {
-    data_paths = data::expand_data_paths(options.data);
-    if (!options.val_data.empty())
-      val_data_paths = data::expand_data_paths(options.val_data, "--val-data");
-  });
+  comm::collectively(comm, [&] { feed.expand_paths(); });
   take_outputs();  // before anything is written, so a second job on them is refused at once
   open_data();
   comm::collectively(comm, [&] {
-    schedule = make_schedule(options.lr, options.warmup_steps, total_steps, options.schedule);
+    schedule =
+        make_schedule(options.lr, options.warmup_steps, feed.total_steps(), options.schedule);
     if (options.lr <= 0 || !std::isfinite(options.lr)) throw UsageError("--lr must be positive");
   });
   start_loss_scale();
@@ -140,7 +142,7 @@ void Trainer::State::start_loss_scale() {
   // What one rank's share of a step counts in the summed loss: its tokens for documents, its
   // rows times the target's elements per row otherwise (a token per position for a language
   // model's rows, one for a class label). Every rank computes the same from the options.
-  const data::DataSchema& schema = reader->schema();
+  const data::DataSchema& schema = feed.reader().schema();
   double count = 0;
   if (schema.documents) {
     const double mean_length = static_cast<double>(schema.tokens) /
@@ -201,6 +203,20 @@ void Trainer::State::choose_device() {
   }
 }
 
+// The data (sizing/data_feed.hpp), the loss its targets call for, and every rank's micro-batch
+// policy within the bounds the data sets: collective, every rank agreeing on any error.
+void Trainer::State::open_data() {
+  comm::collectively(comm, [&] {
+    feed.open(root);
+    const data::DataSchema& schema = feed.reader().schema();
+    const bool classification = schema.target().type == data::FieldType::kInt64;
+    objective.emplace(Objective::choose(options.loss, schema.target(),
+                                        classification ? *schema.num_classes : 0,
+                                        options.ignore_index));
+    sizing.start({});
+  });
+}
+
 void Trainer::State::take_outputs() {
   // Rank 0 writes both; a live job holding either refuses this one, and a dead one's lock is
   // taken over with a warning.
@@ -208,9 +224,9 @@ void Trainer::State::take_outputs() {
     if (!root) return;
     // No output may be an input or the other output (a link to it counts).
     std::vector<core::NamedPath> inputs;
-    for (const auto& path : data_paths)
+    for (const auto& path : feed.paths())
       inputs.push_back({"--data", path});
-    for (const auto& path : val_data_paths)
+    for (const auto& path : feed.validation_paths())
       inputs.push_back({"--val-data", path});
     inputs.push_back({"--model-file", options.model_file});
     core::check_outputs_apart(
@@ -243,7 +259,7 @@ void Trainer::State::take_outputs() {
 void Trainer::State::build_model() {
   const auto& o = options;
   comm::collectively(comm, [&] {
-    const auto& schema = reader->schema();
+    const auto& schema = feed.reader().schema();
     ModelSpec spec;
     spec.kind = o.model;
     spec.hidden = o.hidden;
@@ -268,8 +284,8 @@ void Trainer::State::build_model() {
   if (context.use_cuda) {
     comm::collectively(comm, [&] {
       model->to(context.device);
-      reader->set_pinned(true);
-      if (val_reader) val_reader->set_pinned(true);
+      feed.reader().set_pinned(true);
+      if (feed.validation()) feed.validation()->set_pinned(true);
     });
     // The gradient communicator for device buffers (--backend auto: NCCL), bootstrapped over
     // MPI; every rank builds it, or every rank learns why not.
@@ -305,11 +321,11 @@ void Trainer::State::build_model() {
 // per rank. Buffers and random state are restored: the trial leaves no trace.
 void Trainer::State::trial() {
   comm::collectively(comm, [&] {
-    const data::RowRange part = plan->rank_rows(/*epoch=*/0, /*step=*/0, rank);
+    const data::RowRange part = feed.plan().rank_rows(/*epoch=*/0, /*step=*/0, rank);
     if (part.size() < 1) return;
     const data::Batch rows = [&] {
       const memory::UncountedScope staging;
-      data::Batch slab = reader->read(part.begin, std::min(part.end, part.begin + 2));
+      data::Batch slab = feed.reader().read(part.begin, std::min(part.end, part.begin + 2));
       if (!slab.documents()) return slab;
       // Documents: the first two, padded as one micro-batch.
       const auto cut = data::plan_micro_batches(slab, std::numeric_limits<std::int64_t>::max() / 4);
@@ -321,9 +337,9 @@ void Trainer::State::trial() {
 
 // The trial's forward and loss; an error names the model, the data and its shapes.
 void Trainer::State::run_trial(const data::Batch& rows) {
-  const auto& schema = reader->schema();
+  const auto& schema = feed.reader().schema();
   std::ostringstream what;
-  what << model_name() << " on --data '" << reader->paths().front() << "' (";
+  what << model_name() << " on --data '" << feed.reader().paths().front() << "' (";
   for (std::size_t i = 0; i + 1 < rows.size(); ++i) {
     const at::Tensor& t = rows[i];
     std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
@@ -359,7 +375,7 @@ void Trainer::State::run_trial(const data::Batch& rows) {
     throw;
   } catch (const std::exception& e) {
     if (watch.explains(e)) {
-      throw Error("the model does not fit in memory (limit " + limits.text({rank}) +
+      throw Error("the model does not fit in memory (limit " + sizing.limits().text({rank}) +
                       ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
                   ExitCode::kOutOfMemory);
     }
@@ -371,31 +387,23 @@ void Trainer::State::run_trial(const data::Batch& rows) {
   }
 }
 
-// The reduce buffer, the gradient views and the optimizer state, allocated once: a model that
-// cannot hold them fails here, with exit code 3, not inside a step.
+// The gradient exchange (its buffer and the gradient views) and the optimizer state, allocated
+// once: a model that cannot hold them fails here, with exit code 3, not inside a step.
 void Trainer::State::allocate_step_state() {
-  const std::vector<at::Tensor> bound_order(parameters.trainable.rbegin(),
-                                            parameters.trainable.rend());
   comm::collectively(comm, [&] {
     memory::OomWatch watch;
     try {
-      if (sharded()) {
-        // Parameters in their order: rank 0 owns the first slice.
-        reducer = sharded_reducer(reduce_comm(), comm, parameters.trainable,
-                                  model_state->reduce_count(), control.count(), context.device);
-        optimizer = std::make_unique<OptimizerStep>(
-            options, reducer->stepped(), [this](double mine) { return reducer->total(mine); });
-        return;
-      }
-      ReduceLayout layout;
-      gradient_region = layout.add("gradients", parameters.trainable_elements);
-      buffer_region = layout.add("buffers", model_state->reduce_count());
-      control_region = layout.add("control", control.count());
-      reduce = std::make_unique<ReduceBuffer>(std::move(layout), context.device);
-      // In reverse: backward produces the last layers' gradients first, and --overlap's buckets
-      // go in the buffer's order (docs/design.md, "Overlapped all-reduce").
-      reduce->bind_gradients(bound_order, gradient_region);
-      optimizer = std::make_unique<OptimizerStep>(options, parameters.trainable);
+      GradientExchange::Sizes sizes;
+      sizes.buffer_floats = model_state->reduce_count();
+      sizes.control_floats = control.count();
+      sizes.frozen_elements = parameters.frozen_elements;
+      exchange = std::make_unique<GradientExchange>(options, comm, reduce_comm(), context.device,
+                                                    parameters.trainable, sizes);
+      // Sharded: this rank's slice, one flat tensor, its norm's square summed over the ranks.
+      optimizer = sharded() ? std::make_unique<OptimizerStep>(
+                                  options, exchange->reducer().stepped(),
+                                  [this](double mine) { return exchange->reducer().total(mine); })
+                            : std::make_unique<OptimizerStep>(options, parameters.trainable);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -403,7 +411,7 @@ void Trainer::State::allocate_step_state() {
       throw Error(
           "the model's parameters, gradients and optimizer state do not fit in memory "
           "(limit " +
-              limits.text({rank}) + "); raise --memory-limit or use a smaller model",
+              sizing.limits().text({rank}) + "); raise --memory-limit or use a smaller model",
           ExitCode::kOutOfMemory);
     }
   });
@@ -412,20 +420,16 @@ void Trainer::State::allocate_step_state() {
     reporter.note(
         "--shard optimizer on one rank: nothing to shard; the optimizer state "
         "stays whole on this rank");
-  if (!sharded()) {
-    choose_overlap(bound_order);
-    reducer = replicated_reducer(reduce_comm(), *reduce, bucketed.get(), parameters.trainable,
-                                 gradient_region, buffer_region, control_region);
-  }
+  exchange->choose_overlap(context.use_cuda);
   optimizer_checkpoint = std::make_unique<OptimizerCheckpoint>(
-      comm, *optimizer, *reducer, parameters.trainable,
+      comm, *optimizer, exchange->reducer(), parameters.trainable,
       trainable_names(model->named_parameters(), parameters.trainable));
-  install_backward_injection();
+  drills.install_backward(parameters.trainable);
   if (context.gradient_comm) {
     // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
     // (zero) buffer now takes them before the search fills the cache, and a GPU too full even
     // for them stops here with an out-of-memory message, before the first step.
-    comm::collectively(comm, [&] { reducer->warm_up(); });
+    comm::collectively(comm, [&] { exchange->reducer().warm_up(); });
   }
 }
 

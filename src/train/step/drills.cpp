@@ -1,9 +1,40 @@
 #include "autoaccum/train/step/drills.hpp"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/torch.h>
+
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
+#include "autoaccum/memory/memory.hpp"
+
 namespace autoaccum::train {
+namespace {
+
+// Runs before a gradient accumulator (called even when a fused layer already added its gradient
+// and passes none on, which a tensor hook would not see).
+class InjectedOutOfMemory final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit InjectedOutOfMemory(std::atomic<bool>& armed) : armed_(armed) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (armed_.exchange(false)) {
+      memory::throw_out_of_memory(
+          "injected out-of-memory (--inject-oom backward=1) in the backward pass");
+    }
+    return grads;
+  }
+
+ private:
+  std::atomic<bool>& armed_;
+};
+
+}  // namespace
+
+struct Drills::BackwardHook {
+  std::atomic<bool> armed{false};
+  std::shared_ptr<torch::autograd::Node> accumulator;  // holds the hook
+};
 
 Drills::Drills(const TrainOptions& options, int rank)
     : rank_(rank),
@@ -19,6 +50,19 @@ bool Drills::out_of_memory(bool backward, std::int64_t rows, std::int64_t step) 
   return std::any_of(out_of_memory_.begin(), out_of_memory_.end(), [&](const auto& i) {
     return i.backward == backward && i.fires(rank_, rows, step);
   });
+}
+
+void Drills::install_backward(const std::vector<at::Tensor>& trainable) {
+  const bool mine = std::any_of(out_of_memory_.begin(), out_of_memory_.end(),
+                                [&](const auto& i) { return i.backward && i.rank == rank_; });
+  if (!mine || trainable.empty()) return;
+  backward_ = std::make_shared<BackwardHook>();
+  backward_->accumulator = torch::autograd::impl::grad_accumulator(trainable.front());
+  backward_->accumulator->add_pre_hook(std::make_unique<InjectedOutOfMemory>(backward_->armed));
+}
+
+void Drills::arm_backward(std::int64_t rows, std::int64_t step) const {
+  if (backward_) backward_->armed.store(out_of_memory(/*backward=*/true, rows, step));
 }
 
 bool Drills::overflow(std::int64_t step) const {

@@ -70,8 +70,8 @@ bool stop_requested() noexcept {
 // A probe (run_memory_probe, run_time_probe) runs only one micro-batch of size m (none when m is
 // 0) and always rolls back: it measures memory or time and changes nothing.
 StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe) {
-  reducer->begin();
-  refusals.start(m);
+  exchange->reducer().begin();
+  sizing.refusals().start(m);
   memory::reset_peak();
   const std::int64_t base_bytes = memory::live_bytes();
   const auto compute_start = Clock::now();
@@ -110,7 +110,7 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
   report.peak_shape = progress.peak_shape;
   report.base_bytes = base_bytes;
   StepOutcome outcome = reduce_and_agree(report, progress);
-  if (probe != ProbePiece::kShortPiece) learn_memory(outcome);
+  if (probe != ProbePiece::kShortPiece) sizing.learn(outcome);
   if (outcome.succeeded() && probe == ProbePiece::kNone) {
     take_mean(outcome);
     guard->commit();
@@ -122,8 +122,8 @@ StepOutcome Trainer::State::attempt(const data::Batch& slab, std::int64_t m, Pro
 // buffers' mean change (BatchNorm statistics) applied.
 void Trainer::State::take_mean(const StepOutcome& outcome) {
   const double divisor = (outcome.weight > 0 ? outcome.weight : 1.0) * loss_scale.value();
-  if (divisor != 1.0) reducer->gradients().mul_(1.0 / divisor);
-  model_state->apply_mean_change(reducer->part(Reducer::Part::kBuffers));
+  if (divisor != 1.0) exchange->reducer().gradients().mul_(1.0 / divisor);
+  model_state->apply_mean_change(exchange->reducer().part(Reducer::Part::kBuffers));
 }
 
 // The attempt's micro-batches in order, then the buffers' changes for the reduction.
@@ -141,7 +141,7 @@ void Trainer::State::run_pieces(const data::Batch& slab, const data::MicroBatchP
   }
   if (!progress.abandoned) {
     progress.phase = AttemptPhase::kBuffers;
-    model_state->write_changes(reducer->part(Reducer::Part::kBuffers));
+    model_state->write_changes(exchange->reducer().part(Reducer::Part::kBuffers));
   }
   progress.phase = AttemptPhase::kNone;
 }
@@ -153,19 +153,20 @@ data::MicroBatchPlan Trainer::State::plan_attempt(const data::Batch& slab, std::
                                                   ProbePiece probe, RankReport& report) {
   data::MicroBatchPlan cut;
   if (m > 0)
-    cut =
-        data::plan_micro_batches(slab, m, costs.width_cost(rank), costs.piece_cost(options, rank));
+    cut = data::plan_micro_batches(slab, m, sizing.costs().width_cost(rank),
+                                   sizing.costs().piece_cost(options, rank));
   report.pieces = static_cast<std::int64_t>(cut.pieces.size());
   report.tokens = cut.tokens;
   report.padded_tokens = cut.padded_tokens;
   predicted_compute = 0;
-  if (const auto fit = costs.time_fit(rank); fit && probe == ProbePiece::kNone) {
+  if (const auto fit = sizing.costs().time_fit(rank); fit && probe == ProbePiece::kNone) {
     for (const data::MicroBatchPiece& piece : cut.pieces)
       predicted_compute += fit->predict(piece_shape(piece));
   }
   if (probe == ProbePiece::kNone || cut.pieces.empty()) return cut;
   if (probe == ProbePiece::kShortPiece) {
-    cut.pieces.assign(1, data::short_piece(slab, std::max<std::int64_t>(1, size_floor / 8)));
+    cut.pieces.assign(1,
+                      data::short_piece(slab, std::max<std::int64_t>(1, feed.sizes().floor / 8)));
     return cut;
   }
   std::optional<std::size_t> keep = std::size_t{0};
@@ -174,7 +175,7 @@ data::MicroBatchPlan Trainer::State::plan_attempt(const data::Batch& slab, std::
   cut.pieces.resize(keep ? 1 : 0);
   // Documents: the first piece measured at the data's longest width (the budget's floor).
   if (probe == ProbePiece::kFirstPiece && !cut.pieces.empty())
-    data::widen_piece(slab, cut.pieces.front(), size_floor, m);
+    data::widen_piece(slab, cut.pieces.front(), feed.sizes().floor, m);
   return cut;
 }
 
@@ -203,9 +204,9 @@ void Trainer::State::run_micro_batch(const data::Batch& slab, const data::MicroB
   if (loss_scale.enabled()) scaled = scaled * loss_scale.value();
   if (first && drills.overflow(step))
     scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
-  if (last) reducer->arm(scaled);  // --overlap: gradients go in buckets as backward makes them
-  // --inject-oom ...,backward=1: thrown from the first parameter's gradient hook.
-  inject_in_backward.store(drills.out_of_memory(/*backward=*/true, piece.size(), step));
+  if (last)
+    exchange->reducer().arm(scaled);  // --overlap: gradients go in buckets as backward makes them
+  drills.arm_backward(piece.size(), step);  // --inject-oom ...,backward=1
   scaled.backward();
   // Summed in double: a rank's count of tokens may pass 2^24.
   const at::Tensor loss_term = terms.sum.detach().to(at::kDouble);
@@ -216,10 +217,7 @@ void Trainer::State::run_micro_batch(const data::Batch& slab, const data::MicroB
     if (context.use_cuda) memory::synchronize_device();  // the device's work, not its launches
     drills.slow_down(micro_start);
   }
-  if (!checked_views) {
-    if (!reducer->gradients_intact()) throw Error("internal: autograd replaced a gradient view");
-    checked_views = true;
-  }
+  exchange->check_views();
   // A probe's one piece is its shape whatever the peak (a short piece may peak below what the
   // attempt held before it): the time probe fits to it.
   if (memory::peak_bytes() >= progress.peak || probing) {
@@ -261,7 +259,7 @@ void Trainer::State::refuse_or_rethrow(const std::exception& e, AttemptPhase pha
   const bool from_the_model = dynamic_cast<const Error*>(&e) == nullptr &&
                               (phase == AttemptPhase::kForward || phase == AttemptPhase::kLoss ||
                                phase == AttemptPhase::kBackward);
-  if (!refusals.take(e.what(), from_the_model)) throw;
+  if (!sizing.refusals().take(e.what(), from_the_model)) throw;
 }
 
 // This rank's report and loss terms into the control region, the step's one reduction, and the
@@ -270,7 +268,7 @@ StepOutcome Trainer::State::reduce_and_agree(const RankReport& report,
                                              const AttemptProgress& progress) {
   std::fill(control_values.begin(), control_values.end(), 0.0f);
   write_report(control, rank, report, control_values.data());
-  at::Tensor slots = reducer->part(Reducer::Part::kControl);
+  at::Tensor slots = exchange->reducer().part(Reducer::Part::kControl);
   const auto control_count = static_cast<std::int64_t>(control_values.size());
   slots.copy_(at::from_blob(control_values.data(), {control_count}, at::kFloat));
   if (progress.loss.defined()) {
@@ -281,15 +279,11 @@ StepOutcome Trainer::State::reduce_and_agree(const RankReport& report,
     slots.narrow(0, static_cast<std::int64_t>(control.weight(rank)), pieces)
         .copy_(exact_pieces(progress.weight));
   }
-  // On a GPU, NCCL's stream waits for the backward pass through an event: the time below
-  // includes backward kernels still queued.
-  const auto reduce_start = Clock::now();
-  reducer->reduce();
-  allreduce_seconds += seconds_since(reduce_start);
+  exchange->reduce();
   at::from_blob(control_values.data(), {control_count}, at::kFloat)
-      .copy_(reducer->part(Reducer::Part::kControl));
+      .copy_(exchange->reducer().part(Reducer::Part::kControl));
   StepOutcome outcome = agree_on_step(control, control_values.data());
-  if (!outcome.out_of_memory.empty()) refusals.saw_out_of_memory();
+  if (!outcome.out_of_memory.empty()) sizing.refusals().saw_out_of_memory();
   for (int r = 0; r < world; ++r) {
     auto& peak = peak_bytes[static_cast<std::size_t>(r)];
     peak = std::max(peak, outcome.peak_bytes[static_cast<std::size_t>(r)]);
@@ -344,12 +338,12 @@ TrainResult Trainer::run_steps() {
   State& s = *state_;
   const auto& o = s.options;
   data::Prefetcher prefetcher(
-      [&s](std::int64_t global_step) { return s.read_rank_rows(global_step); }, s.step,
-      s.total_steps);
+      [&s](std::int64_t global_step) { return s.feed.read_rank_rows(global_step); }, s.step,
+      s.feed.total_steps());
   double last_loss = 0;
 
   comm::Watchdog& dog = comm::watchdog();
-  while (s.step < s.total_steps) {
+  while (s.step < s.feed.total_steps()) {
     dog.set_context(s.watchdog_context());
     s.drills.stall(s.step);
     // Read the slab.
@@ -360,7 +354,8 @@ TrainResult Trainer::run_steps() {
     times.data_wait = prefetcher.waited_seconds() - waited_before;
     s.run_memory_probe(slab);  // before the first step only (--micro-batch-search predict)
     s.run_time_probe(slab);    // then, documents with --micro-batch-cost auto
-    s.follow_shares();         // --balance throughput: automatic sizes follow changed shares
+    // --balance throughput: automatic sizes follow changed shares.
+    if (const auto line = s.sizing.follow_shares(s.step)) s.reporter.say(*line);
     if (o.dry_run) return s.end_dry_run();
 
     // Attempt, reduce, agree; retry smaller after an agreed out-of-memory.
@@ -377,23 +372,31 @@ TrainResult Trainer::run_steps() {
 
     // Step, then tell the observers.
     const OptimizerUpdate update = s.update_parameters(outcome);
-    const Trainer::State::StepSplit split = s.split_of(s.step);
+    const StepSplit split = s.feed.split_of(s.step);
     ++s.step;
     last_loss = outcome.loss;
     times.data_cpu = prefetcher.last_cpu_seconds();
     s.report_step(outcome, update, times, split);
     // Speeds in what the split divides: rows, or the step's tokens for documents.
-    if (o.balance) s.rebalance(s.documents() ? split.tokens : split.rows, outcome.compute_seconds);
+    if (o.balance) {
+      const auto line = s.sizing.rebalance(s.step, s.documents() ? split.tokens : split.rows,
+                                           outcome.compute_seconds);
+      if (line) s.reporter.say(*line);
+    }
 
     // Evaluation, checkpoints, signals, and the next size to probe.
-    if (o.eval_every > 0 && s.step % o.eval_every == 0 && s.step < s.total_steps) s.evaluate();
-    if (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0 && s.step < s.total_steps)
+    if (o.eval_every > 0 && s.step % o.eval_every == 0 && s.step < s.feed.total_steps())
+      s.evaluate();
+    if (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0 && s.step < s.feed.total_steps())
       s.save_checkpoint();
-    if (outcome.stop && s.step < s.total_steps) {
+    if (outcome.stop && s.step < s.feed.total_steps()) {
       s.stop_for_signal("");
       break;
     }
-    if (s.step < s.total_steps) s.announce_probes(s.micro_batches->after_success());
+    if (s.step < s.feed.total_steps()) {
+      for (const std::string& line : s.sizing.after_success(s.step))
+        s.reporter.say(line);
+    }
   }
 
   return s.end_run(last_loss);
@@ -401,7 +404,8 @@ TrainResult Trainer::run_steps() {
 
 // --dry-run: what fits is all it reports; nothing trains, nothing is written.
 TrainResult Trainer::State::end_dry_run() {
-  report_dry_run();
+  for (const std::string& line : sizing.dry_run_lines())
+    reporter.say(line);
   result.steps_done = 0;
   reporter.close();
   return result;
@@ -416,25 +420,31 @@ TrainResult Trainer::State::end_run(double last_loss) {
     finish("completed");
   }
   result.steps_done = step;
-  result.final_micro_batch = micro_batches->current(rank);
-  result.final_micro_batches = micro_batches->sizes();
+  result.final_micro_batch = sizing.micro_batches().current(rank);
+  result.final_micro_batches = sizing.micro_batches().sizes();
   result.final_loss = last_loss;
   return result;
 }
 
-// --inject-stall: this rank stops for a while at the start of a step (a hung file system or GPU).
 // Attempts at the batch until one succeeds (or a stop signal abandons it), each agreed
 // out-of-memory lowering the micro-batch first; `times` counts the retries and their time.
 StepOutcome Trainer::State::attempt_until_it_fits(const data::Batch& slab, StepTimes& times) {
-  allreduce_seconds = 0;
+  exchange->reset_seconds();
   for (;;) {
     const auto attempt_start = Clock::now();
-    StepOutcome outcome = attempt(slab, micro_batches->current(rank));
+    StepOutcome outcome = attempt(slab, sizing.micro_batches().current(rank));
     if (outcome.succeeded() || outcome.abandoned) return outcome;
     times.retry_seconds += seconds_since(attempt_start);
     ++times.retries;
     after_out_of_memory(outcome);
   }
+}
+
+void Trainer::State::after_out_of_memory(const StepOutcome& outcome) {
+  const Sizing::OutOfMemory lowered = sizing.after_out_of_memory(outcome, step);
+  result.oom_events += static_cast<std::int64_t>(lowered.event.ranks.size());
+  reporter.notify([&](StepObserver& o) { o.on_oom(lowered.event); });
+  if (lowered.failure) fail_run(*lowered.failure, ExitCode::kOutOfMemory);
 }
 
 // The optimizer's update from the agreed gradients: stepped, skipped (non-finite values, or an
@@ -443,9 +453,9 @@ OptimizerUpdate Trainer::State::update_parameters(const StepOutcome& outcome) {
   OptimizerUpdate update;
   update.lr = schedule.lr(step);
   update.loss_scale = loss_scale.value();
-  auto stepped = optimizer->apply(reducer->gradients(), outcome.loss, update.lr);
+  auto stepped = optimizer->apply(exchange->reducer().gradients(), outcome.loss, update.lr);
   // --shard optimizer: each rank updated its slice; every rank gets every slice.
-  if (stepped == OptimizerStep::Result::kStepped) reducer->after_step();
+  if (stepped == OptimizerStep::Result::kStepped) exchange->reducer().after_step();
   // fp16: gradients that overflowed at this scale (the loss itself finite) are the scale's
   // doing. Every rank saw the same reduced gradients: all skip and halve together.
   const bool overflow = stepped != OptimizerStep::Result::kStepped && std::isfinite(outcome.loss) &&
@@ -487,11 +497,11 @@ void Trainer::State::report_step(const StepOutcome& outcome, const OptimizerUpda
   // waited on.
   for (int r = 0; r < world; ++r) {
     const auto i = static_cast<std::size_t>(r);
-    figures.accumulation.push_back(documents() ? outcome.pieces[i]
-                                               : micro_batches->accumulation(r, split.rows[i]));
+    figures.accumulation.push_back(
+        documents() ? outcome.pieces[i] : sizing.micro_batches().accumulation(r, split.rows[i]));
   }
   figures.peak_bytes = peak_bytes;
-  figures.micro_batches = micro_batches->sizes();
+  figures.micro_batches = sizing.micro_batches().sizes();
   figures.rows = split.rows;
   figures.documents = documents();
   const io::StepRow row = step_row(outcome, update, times, figures);
@@ -503,8 +513,8 @@ io::StepRow Trainer::State::step_row(const StepOutcome& outcome, const Optimizer
   const double step_seconds = seconds_since(times.start);
   io::StepRow row;
   row.step = step - 1;
-  row.epoch = position(step - 1).epoch;
-  row.micro_batch = micro_batches->current(0);
+  row.epoch = feed.position(step - 1).epoch;
+  row.micro_batch = sizing.micro_batches().current(0);
   const auto most = std::max_element(figures.accumulation.begin(), figures.accumulation.end());
   row.accumulation = figures.accumulation.front();
   row.accumulation_max = *most;  // max_element: the first, so the lowest such rank
@@ -530,24 +540,9 @@ io::StepRow Trainer::State::step_row(const StepOutcome& outcome, const Optimizer
   row.data_cpu_seconds = times.data_cpu;
   row.peak_bytes = *std::max_element(peak_bytes.begin(), peak_bytes.end());
   row.live_bytes = memory::live_bytes();
-  row.allreduce_seconds = allreduce_seconds;
+  row.allreduce_seconds = exchange->seconds();
   row.retry_seconds = times.retry_seconds;
   return row;
-}
-
-// --micro-batch-search refine and --micro-batch-regrow: which ranks try a larger size next step.
-void Trainer::State::announce_probes(const std::vector<int>& probing) {
-  const auto what = [&](int r) {
-    return micro_batches->regrowing(r)
-               ? "tries micro-batch " + std::to_string(micro_batches->current(r)) +
-                     " again after " + std::to_string(regrow_steps()) +
-                     " clean steps (--micro-batch-regrow)"
-               : "probes micro-batch " + std::to_string(micro_batches->current(r));
-  };
-  if (!probing.empty() && !micro_batches->per_rank())
-    reporter.say("every rank " + what(probing.front()) + " at step " + std::to_string(step));
-  for (int r : micro_batches->per_rank() ? probing : std::vector<int>{})
-    reporter.say("rank " + std::to_string(r) + " " + what(r) + " at step " + std::to_string(step));
 }
 
 }  // namespace autoaccum::train

@@ -4,8 +4,11 @@
 // before a step). Users and tests rehearse failures with them; unasked, they cost nothing.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "autoaccum/train/options.hpp"
@@ -20,6 +23,14 @@ class Drills {
   // An out-of-memory to throw in this micro-batch of `rows` at step `step` (0-based count of
   // finished steps): after forward, or from backward's first gradient hook.
   bool out_of_memory(bool backward, std::int64_t rows, std::int64_t step) const;
+  // --inject-oom ...,backward=1 on this rank: a hook before the gradient accumulator of
+  // `trainable`'s first parameter, whose gradient comes last in backward (the others exist by
+  // then, and with --overlap their buckets have gone), as in a real out-of-memory late in
+  // backward. Called once, after the parameters are final.
+  void install_backward(const std::vector<at::Tensor>& trainable);
+  // The backward pass about to run (a micro-batch of `rows` at step `step`) throws from that hook
+  // when the drill says so.
+  void arm_backward(std::int64_t rows, std::int64_t step) const;
   bool overflow(std::int64_t step) const;  // the first micro-batch's loss made infinite
   bool slow() const { return slow_factor_ != 1.0; }
   double slow_factor() const { return slow_factor_; }
@@ -34,6 +45,8 @@ class Drills {
   std::vector<memory::OomInjection> out_of_memory_;
   std::vector<OverflowInjection> overflow_;
   std::vector<core::StallInjection> stall_;
+  struct BackwardHook;  // the armed flag and the accumulator holding the hook
+  std::shared_ptr<BackwardHook> backward_;
 };
 
 }  // namespace autoaccum::train
