@@ -10,10 +10,10 @@
 #include <iostream>
 #include <numeric>
 
-#include "../trainer_state.hpp"
 #include "autoaccum/comm/agreement.hpp"
 #include "autoaccum/core/console.hpp"
 #include "autoaccum/core/fingerprint.hpp"
+#include "run_state.hpp"
 
 namespace autoaccum::train {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "autoaccum/train/model/evaluation.hpp"
 
-#include "../trainer_state.hpp"
+#include "run_state.hpp"
 
 namespace autoaccum::train {
 

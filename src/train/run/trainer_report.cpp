@@ -11,12 +11,11 @@
 #include "autoaccum/train/model/precision.hpp"
 #include "autoaccum/train/run/observers.hpp"
 
-#include "../trainer_state.hpp"
+#include "run_state.hpp"
 
 namespace autoaccum::train {
 
 void Trainer::State::open_observers() {
-  peak_bytes.assign(static_cast<std::size_t>(world), 0);
   if (!options.run_log.empty()) {
     comm::collectively(comm, [&] {
       if (!root) return;

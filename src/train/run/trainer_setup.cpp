@@ -41,7 +41,7 @@
 #include "autoaccum/train/step/schedule.hpp"
 #include "autoaccum/train/step/step_agreement.hpp"
 
-#include "../trainer_state.hpp"
+#include "run_state.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -98,8 +98,6 @@ void Trainer::State::setup() {
   root = rank == 0;
   loss_scale = LossScale(options.precision == Precision::kFp16);
   options.memory_limit = sizing.limits().given(rank);  // --memory-limit A,B,...: this rank's item
-  drills = Drills(options, rank);
-  control = ControlLayout{world};
   const ThreadChoice threads = choose_threads(options.threads, comm.local_size());
   thread_source = threads.source;
   at::set_num_threads(threads.count);
@@ -395,7 +393,7 @@ void Trainer::State::allocate_step_state() {
     try {
       GradientExchange::Sizes sizes;
       sizes.buffer_floats = model_state->reduce_count();
-      sizes.control_floats = control.count();
+      sizes.control_floats = StepRunner::control_floats(world);
       sizes.frozen_elements = parameters.frozen_elements;
       exchange = std::make_unique<GradientExchange>(options, comm, reduce_comm(), context.device,
                                                     parameters.trainable, sizes);
@@ -415,7 +413,6 @@ void Trainer::State::allocate_step_state() {
           ExitCode::kOutOfMemory);
     }
   });
-  control_values.assign(static_cast<std::size_t>(control.count()), 0.0f);
   if (options.shard == "optimizer" && world == 1)
     reporter.note(
         "--shard optimizer on one rank: nothing to shard; the optimizer state "
@@ -424,7 +421,10 @@ void Trainer::State::allocate_step_state() {
   optimizer_checkpoint = std::make_unique<OptimizerCheckpoint>(
       comm, *optimizer, exchange->reducer(), parameters.trainable,
       trainable_names(model->named_parameters(), parameters.trainable));
-  drills.install_backward(parameters.trainable);
+  runner = std::make_unique<StepRunner>(
+      StepRunner::Rooms{options, comm, context, *model, *model_state, *objective, *optimizer,
+                        schedule, loss_scale, *exchange, sizing, feed, reporter},
+      parameters.trainable);
   if (context.gradient_comm) {
     // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
     // (zero) buffer now takes them before the search fills the cache, and a GPU too full even

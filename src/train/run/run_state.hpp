@@ -1,8 +1,10 @@
-// Trainer::State: what the rooms of src/train still share (private to src/train; the public
-// face is autoaccum/train/trainer.hpp). The loop is in step/trainer.cpp, setup in
-// run/trainer_setup.cpp, checkpoints and resuming in run/trainer_checkpoint.cpp. The data feed
-// and sizing (sizing/data_feed.hpp, sizing/sizing.hpp) and the gradient exchange
-// (reduce/gradient_exchange.hpp) are their rooms' own (src/train/README.md).
+// Trainer::State: the run, private to run/ (the public face is autoaccum/train/trainer.hpp). It
+// owns the rooms a run is made of, built in order by set-up (run/trainer_setup.cpp): the device,
+// the data feed and sizing (sizing/), the model, its state and objective (model/), the gradient
+// exchange (reduce/), the optimizer and the step runner (step/), and the observers. The loop and
+// its cadence (evaluation, checkpoints, signals, the run-log row) are in run/trainer.cpp,
+// checkpoints and resuming in run/trainer_checkpoint.cpp, where each room records and restores
+// its part (src/train/README.md).
 #pragma once
 
 #include <torch/torch.h>
@@ -23,6 +25,7 @@
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/model/device_context.hpp"
 #include "autoaccum/train/model/model_state.hpp"
 #include "autoaccum/train/model/objective.hpp"
 #include "autoaccum/train/reduce/gradient_exchange.hpp"
@@ -31,15 +34,15 @@
 #include "autoaccum/train/sizing/events.hpp"
 #include "autoaccum/train/sizing/sizing.hpp"
 #include "autoaccum/train/sizing/time_model.hpp"
-#include "autoaccum/train/step/drills.hpp"
 #include "autoaccum/train/step/loss_scale.hpp"
 #include "autoaccum/train/step/optimizer_step.hpp"
 #include "autoaccum/train/step/reporter.hpp"
 #include "autoaccum/train/step/schedule.hpp"
 #include "autoaccum/train/step/step_agreement.hpp"
+#include "autoaccum/train/step/step_runner.hpp"
 #include "autoaccum/train/trainer.hpp"
 
-#include "run/optimizer_checkpoint.hpp"
+#include "optimizer_checkpoint.hpp"
 
 namespace autoaccum::train {
 
@@ -49,18 +52,6 @@ inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The device the model runs on and the communicator its gradients travel through. --device
-// cuda: the model, micro-batches and the reduce buffer live on this rank's GPU and the buffer
-// goes through NCCL; the control plane stays on MPI.
-struct DeviceContext {
-  bool use_cuda = false;
-  c10::Device device{c10::kCPU};
-  std::unique_ptr<comm::Communicator> gradient_comm;
-  at::Tensor on_device(const at::Tensor& t) const {
-    return use_cuda ? t.to(device, /*non_blocking=*/true) : t;  // CPU: the view itself
-  }
-};
-
 // A step's times, for its run-log row: when it began, its wait for data and the reader's CPU
 // time, and the out-of-memory retries it spent.
 struct StepTimes {
@@ -68,13 +59,6 @@ struct StepTimes {
   double data_wait = 0, data_cpu = 0;
   std::int64_t retries = 0;
   double retry_seconds = 0;
-};
-
-// What the optimizer did with a step's gradients.
-struct OptimizerUpdate {
-  double lr = 0;
-  double loss_scale = 1;  // the fp16 loss scale the step ran at
-  bool skipped = false;   // non-finite values or an fp16 overflow
 };
 
 struct Trainer::State {
@@ -113,26 +97,19 @@ struct Trainer::State {
   std::unique_ptr<OptimizerCheckpoint> optimizer_checkpoint;
   Schedule schedule;
   // Every rank's micro-batch policy, memory limit and memory model, the probes' outcomes
-  // (sizing/sizing.hpp). The step drives its probes (step/probes.cpp).
+  // (sizing/sizing.hpp).
   Sizing sizing;
-  void run_memory_probe(const data::Batch& slab);
-  void run_time_probe(const data::Batch& slab);
-  // This rank's last attempt: the compute its time fit predicted for its cut (0: no fit).
-  double predicted_compute = 0;
-  Drills drills;                     // --inject-oom, -overflow, -slow, -stall on this rank
-
-  // How gradients, buffer changes and the control table travel (reduce/gradient_exchange.hpp),
-  // and the control table the step writes into it and agrees from.
+  // How gradients, buffer changes and the control table travel (reduce/gradient_exchange.hpp).
   std::unique_ptr<GradientExchange> exchange;
-  ControlLayout control;
-  std::vector<float> control_values;  // host copy of the control region
   bool sharded() const { return exchange && exchange->sharded(); }
+  // One step at a batch, and the probes before the first (step/step_runner.hpp); made last in
+  // set-up, from the rooms above.
+  std::unique_ptr<StepRunner> runner;
 
   std::int64_t step = 0;              // optimizer steps completed
   std::int64_t checkpoint_step = -1;  // the step of the last checkpoint written or resumed from
   std::vector<std::unique_ptr<OutputLock>> locks;
-  std::vector<std::int64_t> peak_bytes;  // per rank, largest seen
-  Reporter reporter;                     // the observers run/ opens, and what is said to them
+  Reporter reporter;  // the observers run/ opens, and what is said to them
   TrainResult result;
 
   State(const TrainOptions& o, comm::Communicator& c)
@@ -160,42 +137,11 @@ struct Trainer::State {
   // Where the run is, for a collective timeout's message: the step and the last checkpoint.
   std::string watchdog_context() const;
   bool documents() const { return feed.documents(); }  // rows are documents, sizes tokens
-  // One attempt at the batch; a probe (ProbePiece, sizing/memory_probe.hpp) runs one micro-batch
-  // of the attempt's plan and always rolls back.
-  StepOutcome attempt(const data::Batch& slab, std::int64_t m,
-                      ProbePiece probe = ProbePiece::kNone);
-  // What one attempt has computed so far on this rank.
-  struct AttemptProgress {
-    AttemptPhase phase = AttemptPhase::kBuffers;  // where it is (where it ran out)
-    bool out_of_memory = false;
-    bool abandoned = false;  // a stop signal came between two micro-batches
-    // The memory model's measurement: the micro-batch with the highest peak (each micro-batch's
-    // peak measured alone), or the one that ran out.
-    std::int64_t peak = 0;
-    MicroBatchShape peak_shape, shape;
-    // The summed loss stays a tensor until after the all-reduce: no host synchronisation per
-    // micro-batch (it matters on a GPU).
-    at::Tensor loss, weight;
-  };
-  data::MicroBatchPlan plan_attempt(const data::Batch& slab, std::int64_t m, ProbePiece probe,
-                                    RankReport& report);
-  void run_pieces(const data::Batch& slab, const data::MicroBatchPlan& cut, bool probing,
-                  AttemptProgress& progress);
-  void run_micro_batch(const data::Batch& slab, const data::MicroBatchPiece& piece, bool first,
-                       bool last, bool probing, AttemptProgress& progress);
-  Objective::Terms forward_terms(const std::vector<at::Tensor>& inputs, const at::Tensor& target,
-                                 std::int64_t rows, AttemptPhase& phase);
-  void refuse_or_rethrow(const std::exception& e, AttemptPhase phase);
-  StepOutcome reduce_and_agree(const RankReport& report, const AttemptProgress& progress);
-  // The step loop's parts (step/trainer.cpp).
-  void take_mean(const StepOutcome& outcome);
+  // The loop's parts (run/trainer.cpp).
   TrainResult end_dry_run();
   TrainResult end_run(double last_loss);
-  StepOutcome attempt_until_it_fits(const data::Batch& slab, StepTimes& times);
-  // After an agreed out-of-memory: sizing lowers the sizes; the event told, and the run ended
-  // in one line when nothing can shrink.
-  void after_out_of_memory(const StepOutcome& outcome);
-  OptimizerUpdate update_parameters(const StepOutcome& outcome);
+  void take_counts();
+  bool after_step(const StepOutcome& outcome, const StepSplit& split);
   void report_step(const StepOutcome& outcome, const OptimizerUpdate& update,
                    const StepTimes& times, const StepSplit& split);
   io::StepRow step_row(const StepOutcome& outcome, const OptimizerUpdate& update,
