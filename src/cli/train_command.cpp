@@ -167,6 +167,7 @@ void read_batch(const po::variables_map& vm, train::TrainOptions& o) {
     throw UsageError("--token-cost: '" + token_cost + "' is not one of flat, memory");
   o.token_cost_by_memory = token_cost == "memory";
   o.micro_batch_cost = parse_micro_batch_cost(vm["micro-batch-cost"].as<std::string>(), o);
+  o.micro_batch_cost_given = !vm["micro-batch-cost"].defaulted();
   if (vm.count("micro-batch-regrow")) {
     o.micro_batch_regrow = vm["micro-batch-regrow"].as<std::int64_t>();
     if (o.micro_batch_regrow < 0)
@@ -365,12 +366,11 @@ void add_batch_options(po::options_description_easy_init add) {
       "micro-batch of shorter documents take more tokens, as many as fit in the memory the "
       "budget takes at the longest width (fewer micro-batches, more padding)");
   add("micro-batch-cost",
-      po::value<std::string>()->default_value("pieces")->value_name(
-          "pieces|auto|fixed=F[,width=X]"),
-      "document data: how each rank's documents are cut under its budget. pieces: the fewest "
-      "micro-batches, then the least padding (the same cuts on every fresh start); auto: the "
-      "least predicted time, each rank's compute per micro-batch fitted by a time probe before "
-      "the first step (kept in the checkpoint); fixed=F[,width=X]: the least predicted "
+      po::value<std::string>()->default_value("auto")->value_name("auto|pieces|fixed=F[,width=X]"),
+      "document data: how each rank's documents are cut under its budget. auto: the least "
+      "predicted time, each rank's compute per micro-batch fitted by a time probe before the "
+      "first step (kept in the checkpoint); pieces: the fewest micro-batches, then the least "
+      "padding (the same cuts on every fresh start); fixed=F[,width=X]: the least predicted "
       "time with F padded tokens' worth of time per micro-batch and X more per padded token per "
       "unit of width (reproducible across fresh starts)");
   add("micro-batch-regrow", po::value<std::int64_t>()->value_name("N"),

@@ -24,6 +24,9 @@ from harness import TempDirTest, autoaccum, older_checkpoint
 
 VOCAB = 13
 EXACT = 1e-5
+# The cut from the data alone (the fewest micro-batches), for tests that count each rank's pieces
+# or place an out-of-memory in a step: the default (auto) cuts by time measured before the first.
+PIECES = ("--micro-batch-cost", "pieces")
 
 
 class DocLM(torch.nn.Module):
@@ -197,6 +200,10 @@ class Documents(TempDirTest):
         with h5py.File(log, "r") as f:
             tokens, padded = f["steps/tokens"][:], f["steps/padded_tokens"][:]
             self.assertEqual(f.attrs["micro_batch_unit"], "tokens")
+            # Documents are cut by predicted time unless told otherwise (issue 54 item 7).
+            self.assertEqual(f.attrs["micro_batch_cost"], "by predicted time, each rank's "
+                             "compute fitted by the time probe (--micro-batch-cost auto)")
+            self.assertEqual(sorted(f["time_model/rank"][:]), [0, 1])  # each rank fitted
             g = {c: f[f"rank_sizes/{c}"][:] for c in ("step", "rank", "rows")}
         lengths = [len(d) for d in self.docs]
         self.assertEqual(list(tokens), [sum(lengths[s * 12:(s + 1) * 12]) for s in range(3)])
@@ -227,8 +234,9 @@ class Documents(TempDirTest):
         self.assertGreater(os.path.getsize(png), 10000)
 
     def test_small_fixed_budget_at_three_ranks_equals_pytorch(self):
-        # 30 tokens: the longest document alone; shorter ones in twos and threes.
-        _, log, checkpoint = self.train(3, "fixed", "--micro-batch-tokens", 30)
+        # 30 tokens: the longest document alone; shorter ones in twos and threes (the fewest
+        # pieces, which rank_pieces computes: pinned, the default cuts by measured time).
+        _, log, checkpoint = self.train(3, "fixed", "--micro-batch-tokens", 30, *PIECES)
         self.assert_equals_reference(checkpoint)
         with h5py.File(log, "r") as f:
             self.assertTrue(all(f["steps/accumulation"][:] > 1))
@@ -240,7 +248,7 @@ class Documents(TempDirTest):
     def test_out_of_memory_on_one_rank_of_three_halves_only_its_budget(self):
         r, log, checkpoint = self.train(
             3, "oom", "--micro-batch-scope", "rank", "--inject-oom", "rank=1,above=60,step=1",
-            "--log-every", 1)
+            "--log-every", 1, *PIECES)
         self.assert_equals_reference(checkpoint)
         with h5py.File(log, "r") as f:
             ranks = f["oom/rank"][:]
@@ -274,7 +282,8 @@ class Documents(TempDirTest):
 
     def test_out_of_memory_on_every_rank_at_two_ranks_equals_pytorch(self):
         _, log, checkpoint = self.train(
-            2, "oomall", "--inject-oom", "rank=0,above=40,step=0;rank=1,above=40,step=0")
+            2, "oomall", "--inject-oom", "rank=0,above=40,step=0;rank=1,above=40,step=0",
+            *PIECES)  # the out-of-memory in the first step, not in the time probe before it
         self.assert_equals_reference(checkpoint)
         with h5py.File(log, "r") as f:
             self.assertGreater(f["steps/oom_retries"][0], 0)
@@ -569,7 +578,7 @@ class GptOnFortuneDocuments(TempDirTest):
         r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file", model,
                       "--global-batch", 24, "--steps", 2, "--shuffle", "none", "--lr", 0.1,
                       "--momentum", 0, "--threads", 1, "--inject-oom", "rank=1,above=300,step=0",
-                      "--run-log", log, "--checkpoint", checkpoint, timeout=180)
+                      "--run-log", log, "--checkpoint", checkpoint, *PIECES, timeout=180)
         self.assertEqual(r.returncode, 0, r)
         with h5py.File(log, "r") as f:
             self.assertGreater(f["steps/oom_retries"][0], 0)

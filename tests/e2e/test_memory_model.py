@@ -438,7 +438,7 @@ class TokenBudgets(TempDirTest):
                           model, "--global-batch", 24, "--steps", steps, "--shuffle", "batch",
                           "--lr", 0.1, "--momentum", 0, "--threads", 1, "--memory-limit",
                           "2MiB", "--run-log", log, "--checkpoint", self.path(f"{name}.ckpt.h5"),
-                          *args, timeout=180)
+                          *td.PIECES, *args, timeout=180)  # two fresh starts: cut from the data
             self.assertEqual(r.returncode, 0, r)
             return log, checkpoint
 
@@ -491,8 +491,8 @@ class TokenBudgets(TempDirTest):
             r = autoaccum(2, "train", "--data", f"{data}/text-docs-train.h5", "--model-file",
                           model, "--global-batch", batch, "--steps", steps, "--shuffle", "none",
                           "--lr", 0.1, "--momentum", 0, "--threads", 1, "--memory-limit",
-                          "24MiB", "--run-log", log, "--checkpoint", checkpoint, *args,
-                          timeout=240)
+                          "24MiB", "--run-log", log, "--checkpoint", checkpoint, *td.PIECES,
+                          *args, timeout=240)  # pieces counted: the cut from the data alone
             self.assertEqual(r.returncode, 0, r)
             with h5py.File(log, "r") as f:
                 self.assertEqual(len(f["oom/step"]), 0, r.stdout)

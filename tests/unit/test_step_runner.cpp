@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "autoaccum/train/model/model.hpp"
+#include "autoaccum/train/model/model_bundle.hpp"
 #include "autoaccum/train/step/step_runner.hpp"
 #include "test_comm.hpp"
 #include "test_rows_file.hpp"
@@ -58,11 +58,11 @@ class StepRunnerTest : public testing::Test {
     spec.input_shape = {2};
     spec.outputs = 5;
     torch::manual_seed(0);
-    std::unique_ptr<Model> model = make_model(spec);
-    ModelState model_state(*model, c10::Device(c10::kCPU));
-    const Objective objective =
-        Objective::choose("auto", feed.reader().schema().target(), 5, options.ignore_index);
-    const ParameterSet parameters = model->parameter_set();
+    ModelBundle bundle(make_model(spec), Objective::choose("auto", feed.reader().schema().target(),
+                                                           5, options.ignore_index));
+    bundle.hold_state(c10::Device(c10::kCPU), 1, 0);
+    Model* model = &bundle.model();
+    const ParameterSet& parameters = bundle.parameters();
 
     // The reference: the mean cross-entropy of batch 0 (rows 0-15), one SGD step.
     const data::Batch slab = feed.read_rank_rows(0);
@@ -74,7 +74,7 @@ class StepRunnerTest : public testing::Test {
       expected.push_back((parameters.trainable[i] - options.lr * grads[i]).detach());
 
     GradientExchange::Sizes sizes;
-    sizes.buffer_floats = model_state.reduce_count();
+    sizes.buffer_floats = bundle.state().reduce_count();
     sizes.control_floats = StepRunner::control_floats(1);
     GradientExchange exchange(options, comm, comm, c10::Device(c10::kCPU), parameters.trainable,
                               sizes);
@@ -85,9 +85,8 @@ class StepRunnerTest : public testing::Test {
     Reporter reporter;
     reporter.add(std::make_unique<Recorder>(ooms));
     const DeviceContext context;
-    StepRunner runner({options, comm, context, *model, model_state, objective, optimizer, schedule,
-                       loss_scale, exchange, sizing, feed, reporter},
-                      parameters.trainable);
+    StepRunner runner({options, comm, context, bundle, optimizer, schedule, loss_scale, exchange,
+                       sizing, feed, reporter});
 
     runner.probe(slab, 0);  // no limit: nothing to probe
     const StepRunner::Taken taken = runner.take(slab, 0);

@@ -47,13 +47,14 @@ struct TrainOptions {
   // measures it); false (flat, the default): every padded token counts alike.
   bool token_cost_by_memory = false;
   // Document data: how a rank's documents are cut under its budget (--micro-batch-cost).
-  // kPieces (the default): the fewest micro-batches, then the least padding. kAuto: the least
-  // predicted time, each rank's cost per micro-batch fitted by the time probe before the first
-  // step (train::TimeFit, data::PieceCost). kGiven: the least predicted time under `cost_fixed`
-  // padded tokens per micro-batch and `cost_width` per padded token per unit of width, the same on
-  // every rank (reproducible across fresh starts).
+  // kAuto (the default): the least predicted time, each rank's cost per micro-batch fitted by
+  // the time probe before the first step (train::TimeFit, data::PieceCost). kPieces: the fewest
+  // micro-batches, then the least padding (the same cuts on every fresh start). kGiven: the least
+  // predicted time under `cost_fixed` padded tokens per micro-batch and `cost_width` per padded
+  // token per unit of width, the same on every rank (reproducible across fresh starts).
   enum class MicroBatchCost { kPieces, kAuto, kGiven };
-  MicroBatchCost micro_batch_cost = MicroBatchCost::kPieces;
+  MicroBatchCost micro_batch_cost = MicroBatchCost::kAuto;
+  bool micro_batch_cost_given = false;  // named on the command line (rows refuse it)
   double cost_fixed = 0;
   double cost_width = 0;
   // --micro-batch-search predict (the default): probe memory before the first step and start at

@@ -75,7 +75,6 @@ struct BucketedReduce::Shared {
   std::condition_variable wake;
   std::vector<char> ready;  // per bucket: may be sent
   std::size_t next = 0;     // the bucket the thread sends next
-  std::int64_t early = 0;   // buckets whose sum started before finish()
   bool active = false, finishing = false, in_collective = false, stop = false;
   std::exception_ptr error;
   std::thread thread;
@@ -113,7 +112,6 @@ struct BucketedReduce::Shared {
         next = buckets.size();  // the rank fails; no further bucket is sent
         return;
       }
-      if (!finishing) ++early;
       ++next;
     }
   }
@@ -125,9 +123,6 @@ struct BucketedReduce::Shared {
       if (stop) return;
       const Bucket& bucket = buckets[next];
       in_collective = true;
-      // Counted as sent during backward when it started before finish(): finish() may come
-      // while the sum is in flight (a test that saw the call begin must see it counted).
-      const bool before_finish = !finishing;
       lock.unlock();
       std::exception_ptr failed;
       try {
@@ -142,7 +137,6 @@ struct BucketedReduce::Shared {
         error = failed;
         next = buckets.size();  // the rank fails; no further bucket is sent
       } else {
-        if (before_finish) ++early;
         ++next;
       }
       wake.notify_all();
@@ -254,7 +248,6 @@ void BucketedReduce::begin() {
   for (std::size_t i = 0; i < s.bucket_of.size(); ++i)
     s.arrived[i].store(false);
   s.next = 0;
-  s.early = 0;
   s.finishing = false;
   s.active = true;
 }
@@ -301,11 +294,6 @@ void BucketedReduce::finish() {
                 "backward or activation checkpointing), after its bucket may have been sent; "
                 "use --overlap off with this model");
   }
-}
-
-std::int64_t BucketedReduce::sent_during_backward() const noexcept {
-  const std::lock_guard<std::mutex> lock(shared_->mutex);
-  return shared_->early;
 }
 
 }  // namespace autoaccum::train

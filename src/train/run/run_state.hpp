@@ -26,8 +26,7 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/memory/memory.hpp"
 #include "autoaccum/train/model/device_context.hpp"
-#include "autoaccum/train/model/model_state.hpp"
-#include "autoaccum/train/model/objective.hpp"
+#include "autoaccum/train/model/model_bundle.hpp"
 #include "autoaccum/train/reduce/gradient_exchange.hpp"
 #include "autoaccum/train/reduce/reducer.hpp"
 #include "autoaccum/train/sizing/data_feed.hpp"
@@ -85,12 +84,9 @@ struct Trainer::State {
   // The file resumed from, and why newer ones were passed over (rank 0; for the run log).
   std::string resumed_from;
   std::vector<std::string> resume_skipped;
-  std::optional<Objective> objective;  // chosen from the training data's targets
 
-  // Model and what a step changes.
-  std::unique_ptr<Model> model;
-  ParameterSet parameters;
-  std::unique_ptr<ModelState> model_state;
+  // The model, its objective, parameters and attempt state (model/model_bundle.hpp).
+  std::unique_ptr<ModelBundle> bundle;
   std::unique_ptr<OptimizerStep> optimizer;
   // Its state in checkpoints, per parameter, from whichever rank holds it (set up with the
   // reducer, in allocate_step_state).
@@ -173,7 +169,7 @@ struct Trainer::State {
                            : std::string("none");
   }
   std::string model_name() const {
-    return options.model_file.empty() ? "--model " + model->describe()
+    return options.model_file.empty() ? "--model " + bundle->model().describe()
                                       : "--model-file '" + options.model_file + "'";
   }
 

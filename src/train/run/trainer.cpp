@@ -41,7 +41,7 @@ Trainer::Trainer(const TrainOptions& options, comm::Communicator& comm)
 Trainer::~Trainer() = default;
 
 Model& Trainer::model() {
-  return *state_->model;
+  return state_->bundle->model();
 }
 
 at::Tensor Trainer::last_gradient() const {
@@ -49,7 +49,7 @@ at::Tensor Trainer::last_gradient() const {
     throw Error("last_gradient: under --shard optimizer a rank holds only its slice of the sum");
   // In parameter order (the buffer holds them in reverse).
   std::vector<at::Tensor> flat;
-  for (const auto& p : state_->parameters.trainable)
+  for (const auto& p : state_->bundle->parameters().trainable)
     flat.push_back(p.grad().reshape(-1));
   return flat.empty() ? at::zeros({0}) : at::cat(flat);
 }

@@ -232,7 +232,7 @@ void Trainer::State::restore(const io::Checkpoint& c) {
 std::string Trainer::State::restore_model(const io::Checkpoint& c) {
   std::string problem;
   torch::NoGradGuard no_grad;
-  for (auto& [name, tensor] : model->named_parameters()) {
+  for (auto& [name, tensor] : bundle->model().named_parameters()) {
     auto it = std::find_if(c.params.begin(), c.params.end(),
                            [&](const auto& p) { return p.first == name; });
     if (it == c.params.end() || it->second.numel() != tensor.numel()) {
@@ -241,7 +241,7 @@ std::string Trainer::State::restore_model(const io::Checkpoint& c) {
     }
     tensor.copy_(it->second.view(tensor.sizes()));
   }
-  for (auto& [name, tensor] : model->named_buffers()) {
+  for (auto& [name, tensor] : bundle->model().named_buffers()) {
     auto it = std::find_if(c.buffers.begin(), c.buffers.end(),
                            [&](const auto& p) { return p.first == name; });
     if (it != c.buffers.end() && it->second.numel() == tensor.numel())
@@ -270,7 +270,7 @@ std::string Trainer::State::restore_model(const io::Checkpoint& c) {
     if (static_cast<int>(c.generator_states.size()) == world) {
       try {
         // A checkpoint written on the CPU holds no GPU stream: the GPU's starts afresh.
-        model_state->set_generator_state(
+        bundle->state().set_generator_state(
             c.generator_states[static_cast<std::size_t>(rank)],
             rank_seed(options.seed ^ static_cast<std::uint64_t>(c.step), rank));
       } catch (const Error& e) {
@@ -299,7 +299,7 @@ void Trainer::State::restore_shares(const io::Checkpoint& c,
 
 // Each rank's generator state, gathered on every rank (fixed-size blocks with a length).
 std::vector<std::string> Trainer::State::gather_generator_states() {
-  const std::string mine = model_state->generator_state();
+  const std::string mine = bundle->state().generator_state();
   const auto block =
       static_cast<std::size_t>(comm.allreduce_max(static_cast<std::int64_t>(mine.size()))) +
       sizeof(std::uint64_t);
@@ -323,7 +323,7 @@ std::vector<std::string> Trainer::State::gather_generator_states() {
 // equal, bit for bit (a decision taken differently on one rank would show here).
 std::vector<std::string> Trainer::State::gather_replica_fingerprints() {
   Fingerprint print;
-  for (const at::Tensor& p : model->parameters()) {
+  for (const at::Tensor& p : bundle->model().parameters()) {
     const at::Tensor host = p.detach().to(at::kCPU).contiguous();
     print.add(host.data_ptr(), static_cast<std::size_t>(host.nbytes()));
   }
@@ -397,8 +397,8 @@ std::int64_t Trainer::State::write_checkpoint_file(std::vector<std::string> gene
   }
   // Where they are: the writer copies from a GPU in bounded pieces, and streams the
   // optimizer's state as LibTorch serializes it (never whole in host memory).
-  c.params = model->named_parameters();
-  c.buffers = model->named_buffers();
+  c.params = bundle->model().named_parameters();
+  c.buffers = bundle->model().named_buffers();
   c.optimizer_kind = optimizer->kind();
   c.optimizer_step = optimizer->step_count();
   c.streamed_optimizer = optimizer_checkpoint->tensors();

@@ -19,9 +19,9 @@ void Trainer::State::evaluate() {
       options.eval_micro_batch > 0
           ? options.eval_micro_batch
           : std::max<std::int64_t>(sizing.micro_batches().current(rank) * 4, 256);
-  const EvalEvent event =
-      train::evaluate(*model, *objective, *feed.validation(), comm, m, step, options.precision,
-                      [this](const at::Tensor& t) { return context.on_device(t); });
+  const EvalEvent event = train::evaluate(
+      bundle->model(), bundle->objective(), *feed.validation(), comm, m, step, options.precision,
+      [this](const at::Tensor& t) { return context.on_device(t); });
   result.eval_loss = event.loss;
   result.eval_accuracy =
       event.classification ? std::optional<double>(event.accuracy) : std::nullopt;

@@ -61,8 +61,8 @@ io::RunLogHeader Trainer::State::run_log_header() const {
   for (const std::int64_t b : exchange->fixed_bytes(sharded(), state_floats))
     fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
   header.text = {
-      {"model", model->describe()},
-      {"loss", objective->describe()},
+      {"model", bundle->model().describe()},
+      {"loss", bundle->objective().describe()},
       {"optimizer", options.optimizer},
       {"schedule", options.schedule},
       {"data", feed.reader().paths().front() +
@@ -78,20 +78,21 @@ io::RunLogHeader Trainer::State::run_log_header() const {
       {"fixed_bytes_counted", fixed_bytes_list},
       {"precision", to_string(options.precision)},
       {"micro_batch_unit", documents() ? "tokens" : "rows"}};
-  header.numbers = {{"lr", options.lr},
-                    {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
-                    {"feed.total_steps()", static_cast<double>(feed.total_steps())},
-                    {"parameters", static_cast<double>(parameters.trainable_elements)},
-                    {"frozen_parameters", static_cast<double>(parameters.frozen_elements)},
-                    {"shared_parameters", static_cast<double>(parameters.shared_elements)},
-                    {"averaged_buffer_values", static_cast<double>(model_state->averaged_values())},
-                    {"threads_per_rank", static_cast<double>(at::get_num_threads())},
-                    {"lower_precision_gemm_speedup", lower_gemm_speedup},
-                    {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
-                    {"gradient_buckets", static_cast<double>(exchange->buckets())},
-                    {"bucket_bytes", static_cast<double>(exchange->bucket_bytes())},
-                    {"fixed_bytes_counted_unsharded",
-                     static_cast<double>(exchange->fixed_bytes(false, state_floats).front())}};
+  header.numbers = {
+      {"lr", options.lr},
+      {"memory_limit_bytes", static_cast<double>(options.memory_limit)},
+      {"feed.total_steps()", static_cast<double>(feed.total_steps())},
+      {"parameters", static_cast<double>(bundle->parameters().trainable_elements)},
+      {"frozen_parameters", static_cast<double>(bundle->parameters().frozen_elements)},
+      {"shared_parameters", static_cast<double>(bundle->parameters().shared_elements)},
+      {"averaged_buffer_values", static_cast<double>(bundle->state().averaged_values())},
+      {"threads_per_rank", static_cast<double>(at::get_num_threads())},
+      {"lower_precision_gemm_speedup", lower_gemm_speedup},
+      {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
+      {"gradient_buckets", static_cast<double>(exchange->buckets())},
+      {"bucket_bytes", static_cast<double>(exchange->bucket_bytes())},
+      {"fixed_bytes_counted_unsharded",
+       static_cast<double>(exchange->fixed_bytes(false, state_floats).front())}};
   return header;
 }
 
@@ -131,12 +132,8 @@ void Trainer::State::announce() {
   std::ostringstream banner;
   banner << "autoaccum: " << world << " rank(s) on " << nodes << " node(s), "
          << at::get_num_threads() << " thread(s) per rank (" << thread_source << "); "
-         << model->describe() << ": " << parameters.describe();
-  if (model_state->averaged_values() > 0) {
-    banner << "; " << model_state->averaged_values()
-           << " buffer value(s) averaged over the ranks every step";
-  }
-  banner << "\nautoaccum: loss: " << objective->describe() << "\nautoaccum: ";
+         << bundle->describe();
+  banner << "\nautoaccum: loss: " << bundle->objective().describe() << "\nautoaccum: ";
   banner << sizes_text_for_banner();
   banner << "; memory limit " << sizing.limits().option_text()
          << (options.memory_limits.empty() && options.memory_limit > 0 ? " per rank" : "");

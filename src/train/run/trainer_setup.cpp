@@ -31,8 +31,7 @@
 #include "autoaccum/io/checkpoint.hpp"
 #include "autoaccum/io/run_log.hpp"
 #include "autoaccum/memory/memory.hpp"
-#include "autoaccum/train/model/model_state.hpp"
-#include "autoaccum/train/model/objective.hpp"
+#include "autoaccum/train/model/model_bundle.hpp"
 #include "autoaccum/train/reduce/reduce_buffer.hpp"
 #include "autoaccum/train/run/observers.hpp"
 #include "autoaccum/train/sizing/balance.hpp"
@@ -201,16 +200,11 @@ void Trainer::State::choose_device() {
   }
 }
 
-// The data (sizing/data_feed.hpp), the loss its targets call for, and every rank's micro-batch
-// policy within the bounds the data sets: collective, every rank agreeing on any error.
+// The data (sizing/data_feed.hpp) and every rank's micro-batch policy within the bounds the data
+// sets: collective, every rank agreeing on any error.
 void Trainer::State::open_data() {
   comm::collectively(comm, [&] {
     feed.open(root);
-    const data::DataSchema& schema = feed.reader().schema();
-    const bool classification = schema.target().type == data::FieldType::kInt64;
-    objective.emplace(Objective::choose(options.loss, schema.target(),
-                                        classification ? *schema.num_classes : 0,
-                                        options.ignore_index));
     sizing.start({});
   });
 }
@@ -254,10 +248,17 @@ void Trainer::State::take_outputs() {
   }
 }
 
+// The model (its objective chosen from the training data's targets), equal on every rank and on
+// its device, in a bundle with its parameters and attempt state (model/model_bundle.hpp).
 void Trainer::State::build_model() {
   const auto& o = options;
+  std::unique_ptr<Model> built;
+  std::optional<Objective> objective;
   comm::collectively(comm, [&] {
     const auto& schema = feed.reader().schema();
+    const bool classification = schema.target().type == data::FieldType::kInt64;
+    objective.emplace(Objective::choose(o.loss, schema.target(),
+                                        classification ? *schema.num_classes : 0, o.ignore_index));
     ModelSpec spec;
     spec.kind = o.model;
     spec.hidden = o.hidden;
@@ -270,18 +271,18 @@ void Trainer::State::build_model() {
       return n;
     }();
     torch::manual_seed(o.seed);  // the same initial parameters on every rank
-    model = make_model(spec);
+    built = make_model(spec);
   });
   // Rank 0's initial parameters and buffers everywhere (equal by seeding or by the file; this
   // makes it certain). Broadcast on the host, before the model moves to its device.
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : model->parameters())
+    for (auto& p : built->parameters())
       comm.broadcast(p.data_ptr(), static_cast<std::size_t>(p.nbytes()), 0);
   }
   if (context.use_cuda) {
     comm::collectively(comm, [&] {
-      model->to(context.device);
+      built->to(context.device);
       feed.reader().set_pinned(true);
       if (feed.validation()) feed.validation()->set_pinned(true);
     });
@@ -294,24 +295,14 @@ void Trainer::State::build_model() {
         nccl->set_compute_stream(memory::current_cuda_stream());
     });
   }
-  // A file saved after model.eval() would otherwise train with dropout off and BatchNorm frozen.
-  model->set_training(true);
-  parameters = model->parameter_set();
-  if (const std::string warning = model->mode_warning(); !warning.empty() && root && !options.quiet)
+  bundle = std::make_unique<ModelBundle>(std::move(built), std::move(*objective));
+  if (const std::string warning = bundle->model().mode_warning();
+      !warning.empty() && root && !options.quiet)
     core::write_line(stderr, "autoaccum: warning: " + warning);
   // Every rank loaded the same file, so every rank reaches this verdict without a word.
-  if (parameters.trainable_elements == 0) {
-    const std::string why =
-        parameters.frozen_elements > 0
-            ? "all " + std::to_string(parameters.frozen_elements) +
-                  " of its parameter elements have requires_grad=False"
-            : "it has no parameters (a file saved with torch.jit.freeze holds its weights as "
-              "constants; save torch.jit.script(model) without freeze)";
+  if (const std::string why = bundle->nothing_to_train(); !why.empty())
     throw CollectiveError(model_name() + ": nothing to train: " + why, ExitCode::kUsage, 0);
-  }
-  comm::collectively(comm, [&] {
-    model_state = std::make_unique<ModelState>(*model, context.device, world, rank);
-  });
+  comm::collectively(comm, [&] { bundle->hold_state(context.device, world, rank); });
 }
 
 // One forward and loss on this rank's first rows, in eval mode and without gradients, so that
@@ -345,13 +336,15 @@ void Trainer::State::run_trial(const data::Batch& rows) {
          << t.scalar_type();
   }
   what << "): ";
-  AttemptGuard guard(*model_state);  // never committed
+  Model& model = bundle->model();
+  const Objective& objective = bundle->objective();
+  AttemptGuard guard(bundle->state());  // never committed
   torch::NoGradGuard no_grad;
-  model->set_training(false);  // one row must do: BatchNorm1d cannot take it in train mode
+  model.set_training(false);  // one row must do: BatchNorm1d cannot take it in train mode
   struct TrainAgain {
     Model& model;
     ~TrainAgain() { model.set_training(true); }
-  } train_again{*model};
+  } train_again{model};
   memory::OomWatch watch;
   try {
     std::vector<at::Tensor> inputs;
@@ -359,13 +352,13 @@ void Trainer::State::run_trial(const data::Batch& rows) {
       inputs.push_back(context.on_device(rows[i]));
     const at::Tensor target = context.on_device(rows[rows.size() - 1]);
     const AutocastScope autocast(options.precision, context.device.type());
-    if (objective->from_model()) {
-      (void)model->forward_loss(inputs, target).first.item<double>();
+    if (objective.from_model()) {
+      (void)model.forward_loss(inputs, target).first.item<double>();
     } else {
-      const at::Tensor output = model->forward(inputs);
-      const std::string problem = objective->check_output(output, rows.rows(), options.targets);
+      const at::Tensor output = model.forward(inputs);
+      const std::string problem = objective.check_output(output, rows.rows(), options.targets);
       if (!problem.empty()) throw InputError(problem);
-      (void)objective->terms(output, target).sum.item<double>();
+      (void)objective.terms(output, target).sum.item<double>();
     }
   } catch (const InputError& e) {
     throw InputError(what.str() + e.what());
@@ -377,7 +370,7 @@ void Trainer::State::run_trial(const data::Batch& rows) {
                       ") even for the setup trial's " + std::to_string(rows.rows()) + " rows",
                   ExitCode::kOutOfMemory);
     }
-    const std::string hint = objective->from_model()
+    const std::string hint = objective.from_model()
                                  ? "--loss model calls forward(inputs..., targets) and needs "
                                    "(loss_sum, weight) back: "
                                  : "";
@@ -392,16 +385,17 @@ void Trainer::State::allocate_step_state() {
     memory::OomWatch watch;
     try {
       GradientExchange::Sizes sizes;
-      sizes.buffer_floats = model_state->reduce_count();
+      sizes.buffer_floats = bundle->state().reduce_count();
       sizes.control_floats = StepRunner::control_floats(world);
-      sizes.frozen_elements = parameters.frozen_elements;
+      sizes.frozen_elements = bundle->parameters().frozen_elements;
       exchange = std::make_unique<GradientExchange>(options, comm, reduce_comm(), context.device,
-                                                    parameters.trainable, sizes);
+                                                    bundle->parameters().trainable, sizes);
       // Sharded: this rank's slice, one flat tensor, its norm's square summed over the ranks.
-      optimizer = sharded() ? std::make_unique<OptimizerStep>(
-                                  options, exchange->reducer().stepped(),
-                                  [this](double mine) { return exchange->reducer().total(mine); })
-                            : std::make_unique<OptimizerStep>(options, parameters.trainable);
+      optimizer = sharded()
+                      ? std::make_unique<OptimizerStep>(
+                            options, exchange->reducer().stepped(),
+                            [this](double mine) { return exchange->reducer().total(mine); })
+                      : std::make_unique<OptimizerStep>(options, bundle->parameters().trainable);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -419,12 +413,11 @@ void Trainer::State::allocate_step_state() {
         "stays whole on this rank");
   exchange->choose_overlap(context.use_cuda);
   optimizer_checkpoint = std::make_unique<OptimizerCheckpoint>(
-      comm, *optimizer, exchange->reducer(), parameters.trainable,
-      trainable_names(model->named_parameters(), parameters.trainable));
-  runner = std::make_unique<StepRunner>(
-      StepRunner::Rooms{options, comm, context, *model, *model_state, *objective, *optimizer,
-                        schedule, loss_scale, *exchange, sizing, feed, reporter},
-      parameters.trainable);
+      comm, *optimizer, exchange->reducer(), bundle->parameters().trainable,
+      trainable_names(bundle->model().named_parameters(), bundle->parameters().trainable));
+  runner = std::make_unique<StepRunner>(StepRunner::Rooms{options, comm, context, *bundle,
+                                                          *optimizer, schedule, loss_scale,
+                                                          *exchange, sizing, feed, reporter});
   if (context.gradient_comm) {
     // NCCL allocates its device buffers at the first collective. One all-reduce of the whole
     // (zero) buffer now takes them before the search fills the cache, and a GPU too full even

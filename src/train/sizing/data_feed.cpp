@@ -201,7 +201,7 @@ void DataFeed::choose_row_sizes() {
     throw UsageError("--token-cost memory: --data '" + reader_->paths().front() +
                      "' holds rows, not documents: every row has the same width");
   }
-  if (o.micro_batch_cost != TrainOptions::MicroBatchCost::kPieces) {
+  if (o.micro_batch_cost_given) {
     throw UsageError("--micro-batch-cost: --data '" + reader_->paths().front() +
                      "' holds rows, not documents: rows are cut into equal slices");
   }
@@ -303,6 +303,10 @@ io::DataOrder DataFeed::describe_order() const {
 
 std::string DataFeed::count_text(std::int64_t size) const {
   return std::to_string(size) + (documents() ? " token" : " row") + (size == 1 ? "" : "s");
+}
+
+bool DataFeed::cut_by_time() const {
+  return documents() && options_.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto;
 }
 
 std::string DataFeed::cut_text() const {

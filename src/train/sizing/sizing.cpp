@@ -51,8 +51,7 @@ void Sizing::start(const std::vector<std::int64_t>& resumed) {
                           limits_.known() && resumed.empty();
   // --micro-batch-cost auto: the time probe after it, whatever the budget (a resume on the same
   // ranks takes the fits from its checkpoint instead: restore_fits clears this).
-  time_probe_pending_ = feed_.documents() && !options_.dry_run &&
-                        options_.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto;
+  time_probe_pending_ = feed_.cut_by_time() && !options_.dry_run;
   micro_batches_ = std::make_unique<RankMicroBatches>(world_, sizes.cap, sizes.fixed, resumed,
                                                       options_.refine_micro_batch,
                                                       options_.micro_batch_per_rank, sizes.floor);
@@ -504,8 +503,8 @@ void Sizing::restore_fits(const io::Checkpoint& c) {
   }
   // --micro-batch-cost auto: the time fits continue on the same ranks, so the resumed run cuts as
   // the interrupted one did (no time probe); on another number of ranks they are probed again.
-  if (c.world_size == world_ && static_cast<int>(c.time_fits.size()) == world_ && documents &&
-      options_.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto) {
+  if (c.world_size == world_ && static_cast<int>(c.time_fits.size()) == world_ &&
+      feed_.cut_by_time()) {
     drop_time_fits();
     for (std::size_t r = 0; r < c.time_fits.size(); ++r) {
       const auto& f = c.time_fits[r];

@@ -49,15 +49,15 @@ bool stop_requested() noexcept {
   return g_stop.load();
 }
 
-StepRunner::StepRunner(Rooms rooms, const std::vector<at::Tensor>& trainable)
+StepRunner::StepRunner(Rooms rooms)
     : options_(rooms.options),
       comm_(rooms.comm),
       rank_(rooms.comm.rank()),
       world_(rooms.comm.size()),
       context_(rooms.context),
-      model_(rooms.model),
-      model_state_(rooms.model_state),
-      objective_(rooms.objective),
+      model_(rooms.model.model()),
+      model_state_(rooms.model.state()),
+      objective_(rooms.model.objective()),
       optimizer_(rooms.optimizer),
       schedule_(rooms.schedule),
       loss_scale_(rooms.loss_scale),
@@ -69,7 +69,7 @@ StepRunner::StepRunner(Rooms rooms, const std::vector<at::Tensor>& trainable)
       control_{rooms.comm.size()},
       control_values_(static_cast<std::size_t>(control_.count()), 0.0f),
       peak_bytes_(static_cast<std::size_t>(rooms.comm.size()), 0) {
-  drills_.install_backward(trainable);
+  drills_.install_backward(rooms.model.parameters().trainable);  // --inject-oom ...,backward=1
 }
 
 std::int64_t StepRunner::control_floats(int world) {
@@ -166,8 +166,7 @@ StepOutcome StepRunner::attempt(const data::Batch& slab, std::int64_t m, ProbePi
   // The compute time is what --balance weighs and what the time model (--micro-batch-cost auto)
   // fits and is checked by: on a GPU, the kernels' time, not their launches' (one wait per
   // attempt, only then).
-  if (context_.use_cuda && !progress.out_of_memory &&
-      (options_.balance || options_.micro_batch_cost == TrainOptions::MicroBatchCost::kAuto))
+  if (context_.use_cuda && !progress.out_of_memory && (options_.balance || feed_.cut_by_time()))
     memory::synchronize_device();
   report.out_of_memory = progress.out_of_memory;
   report.phase = progress.out_of_memory ? progress.phase : AttemptPhase::kNone;

@@ -71,8 +71,6 @@ class BucketedReduce {
   // The attempt is over (done, out of memory, stopped): every bucket not sent yet is sent now,
   // in order; returns once all are reduced. Rethrows a communication error of the thread.
   void finish();
-  // Buckets of the last attempt whose sums started before finish() (during the backward pass).
-  std::int64_t sent_during_backward() const noexcept;
 
   struct Shared;  // the state the thread and the autograd hooks share (bucketed_reduce.cpp)
 

@@ -79,6 +79,9 @@ class DataFeed {
 
   // A micro-batch size in its unit: "1 row", "64 rows", "512 tokens".
   std::string count_text(std::int64_t size) const;
+  // Documents cut by predicted time (--micro-batch-cost auto, the default for documents): the
+  // time probe runs before the first step and each attempt's compute is timed.
+  bool cut_by_time() const;
   // How documents are cut, for the banner and the run log; rows: "".
   std::string cut_text() const;
 

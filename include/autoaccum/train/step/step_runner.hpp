@@ -18,9 +18,7 @@
 #include "autoaccum/data/micro_batch_plan.hpp"
 #include "autoaccum/data/slab_reader.hpp"
 #include "autoaccum/train/model/device_context.hpp"
-#include "autoaccum/train/model/model.hpp"
-#include "autoaccum/train/model/model_state.hpp"
-#include "autoaccum/train/model/objective.hpp"
+#include "autoaccum/train/model/model_bundle.hpp"
 #include "autoaccum/train/options.hpp"
 #include "autoaccum/train/reduce/gradient_exchange.hpp"
 #include "autoaccum/train/sizing/data_feed.hpp"
@@ -49,9 +47,7 @@ class StepRunner {
     const TrainOptions& options;
     comm::Communicator& comm;
     const DeviceContext& context;
-    Model& model;
-    ModelState& model_state;
-    const Objective& objective;
+    ModelBundle& model;  // the model, its objective, parameters and attempt state
     OptimizerStep& optimizer;
     const Schedule& schedule;
     LossScale& loss_scale;
@@ -60,8 +56,7 @@ class StepRunner {
     const DataFeed& feed;
     Reporter& reporter;
   };
-  // `trainable`: the parameters, for the backward drill's hook (--inject-oom ...,backward=1).
-  StepRunner(Rooms rooms, const std::vector<at::Tensor>& trainable);
+  explicit StepRunner(Rooms rooms);
 
   // The control table's floats on `world` ranks: the exchange carries them.
   static std::int64_t control_floats(int world);
