@@ -2117,10 +2117,13 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="1 repetition, short runs")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
-    parser.add_argument("--only", choices=["lm", "mixed", "precision", "watchdog", "documents",
+    parser.add_argument("--only", choices=["step", "lm", "mixed", "precision", "watchdog",
+                                           "documents",
                                            "memory-model", "regrow", "checkpoint", "overlap",
                                            "shard", "hf"],
-                        help="run one group (lm: the language model; mixed: a slow rank and "
+                        help="run one group (step: the MLP step against DDP, memory, the "
+                             "automatic search, the all-reduce, data and the existing tables' "
+                             "figures; lm: the language model; mixed: a slow rank and "
                              "unequal memory; precision: bf16 against fp32; watchdog: the "
                              "collective watchdog's cost) and rewrite its tables")
     parser.add_argument("--render-only", action="store_true",
@@ -2184,6 +2187,8 @@ def main():
         bench_allreduce(max(1, min(args.reps, 3)), results)
         bench_data(runner, args.quick, results)
         bench_existing(args.reps, results)
+        if args.only == "step":
+            return finish(results, start, args)
         bench_lm(work, max(1, min(args.reps, 3)), results)
         bench_mixed(work, max(1, min(args.reps, 3)), results)
         bench_precision(work, max(1, min(args.reps, 3)), results)
@@ -2210,7 +2215,10 @@ def finish(results, start, args):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if args.only and os.path.exists(path):
         with open(path) as f:
-            results = {**json.load(f), args.only: results[args.only]}
+            old = json.load(f)
+        # step's figures are the top level's (the first table); a group's are under its name.
+        results = ({**old, **results} if args.only == "step"
+                   else {**old, args.only: results[args.only]})
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     if not args.no_docs:

@@ -396,13 +396,17 @@ void Trainer::State::allocate_step_state() {
                             options, exchange->reducer().stepped(),
                             [this](double mine) { return exchange->reducer().total(mine); })
                       : std::make_unique<OptimizerStep>(options, bundle->parameters().trainable);
+      // Room for the update's temporaries (OptimizerStep::temporary_bytes): a model that leaves
+      // none fails here, not in its first optimizer step.
+      (void)at::empty({optimizer->temporary_bytes()},
+                      at::TensorOptions(context.device).dtype(at::kByte));
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
       if (!watch.explains(e)) throw;
       throw Error(
-          "the model's parameters, gradients and optimizer state do not fit in memory "
-          "(limit " +
+          "the model's parameters, gradients and optimizer state (with room for the optimizer "
+          "step's temporaries) do not fit in memory (limit " +
               sizing.limits().text({rank}) + "); raise --memory-limit or use a smaller model",
           ExitCode::kOutOfMemory);
     }

@@ -1,4 +1,5 @@
-// OptimizerStep: LibTorch's SGD and AdamW with their state allocated up front.
+// OptimizerStep: SGD and AdamW as LibTorch computes them, with their state allocated up front
+// (LibTorch's optimizers keep it, and its archive), stepped in pieces of bounded size.
 #include "autoaccum/train/step/optimizer_step.hpp"
 
 #include <torch/torch.h>
@@ -42,12 +43,66 @@ void allocate_state(torch::optim::Optimizer& optimizer, const std::vector<at::Te
   }
 }
 
+// The pieces the update walks through: each temporary it makes (AdamW's denominator, SGD's
+// gradient plus weight decay) is at most this many elements.
+constexpr std::int64_t kPieceElements = std::int64_t{1} << 20;
+
+// `t` flat, when it can be without a copy; else undefined (the caller steps it whole).
+at::Tensor flat_or_undefined(const at::Tensor& t) {
+  return t.is_contiguous() ? t.view({-1}) : at::Tensor();
+}
+
+// Calls step(param, grad, state...) on matching pieces of at most kPieceElements of each tensor
+// (all flat views of the same length), or once on the whole tensors when one is not contiguous.
+template <typename Step>
+void in_pieces(const std::vector<at::Tensor>& tensors, Step&& step) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) {
+    flat.push_back(flat_or_undefined(t));
+    if (!flat.back().defined()) {
+      step(tensors);
+      return;
+    }
+  }
+  const std::int64_t n = flat.front().numel();
+  std::vector<at::Tensor> piece(flat.size());
+  for (std::int64_t begin = 0; begin < n; begin += kPieceElements) {
+    const std::int64_t length = std::min(kPieceElements, n - begin);
+    for (std::size_t i = 0; i < flat.size(); ++i)
+      piece[i] = flat[i].narrow(0, begin, length);
+    step(piece);
+  }
+}
+
 }  // namespace
+
+std::int64_t OptimizerStep::temporary_bytes() const {
+  const auto& group = optimizer_->param_groups().at(0);
+  if (options_.optimizer == "sgd") {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    if (o.weight_decay() == 0 && !o.nesterov()) return 0;  // every operation in place
+  }
+  std::int64_t largest = 0;
+  for (const auto& p : group.params()) {
+    const std::int64_t elements =
+        p.is_contiguous() ? std::min(p.numel(), kPieceElements) : p.numel();
+    largest = std::max(largest, elements * static_cast<std::int64_t>(p.element_size()));
+  }
+  return largest;
+}
 
 double square_sum(const at::Tensor& values) {
   if (values.numel() == 0) return 0.0;
-  if (!values.device().is_cpu() || values.scalar_type() != at::kFloat || !values.is_contiguous())
-    return values.to(at::kDouble).square().sum().item<double>();
+  if (!values.device().is_cpu() || values.scalar_type() != at::kFloat || !values.is_contiguous()) {
+    // In pieces, so that the double copy stays small; the pieces' sums in order, on the device.
+    const at::Tensor flat = values.reshape({-1});
+    at::Tensor total = at::zeros({}, flat.options().dtype(at::kDouble));
+    for (std::int64_t begin = 0; begin < flat.numel(); begin += kPieceElements) {
+      const std::int64_t length = std::min(kPieceElements, flat.numel() - begin);
+      total.add_(flat.narrow(0, begin, length).to(at::kDouble).square().sum());
+    }
+    return total.item<double>();
+  }
   const float* data = values.data_ptr<float>();
   const std::int64_t n = values.numel();
   constexpr std::int64_t kBlock = std::int64_t{1} << 16;
@@ -110,7 +165,7 @@ OptimizerStep::Result OptimizerStep::apply(const at::Tensor& gradients, double l
   for (auto& group : optimizer_->param_groups())
     group.options().set_lr(lr);
   try {
-    optimizer_->step();
+    step_in_pieces(lr);
   } catch (const std::exception& e) {
     if (!memory::is_out_of_memory(e)) throw;
     // The state was allocated at setup; only a temporary can fail here, and a smaller
@@ -121,6 +176,66 @@ OptimizerStep::Result OptimizerStep::apply(const at::Tensor& gradients, double l
                 ExitCode::kOutOfMemory);
   }
   return Result::kStepped;
+}
+
+// LibTorch's updates, element for element (torch::optim::SGD::step, AdamW::step: the same
+// operations in the same order, so the same bits), made piece by piece.
+void OptimizerStep::step_in_pieces(double lr) {
+  torch::NoGradGuard no_grad;
+  const auto& params = optimizer_->param_groups().at(0).params();
+  const bool adamw = options_.optimizer == "adamw";
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (!p.grad().defined()) continue;
+    if (adamw) {
+      step_adamw(p, static_cast<torch::optim::AdamWParamState&>(param_state(i)), lr);
+    } else {
+      step_sgd(p, i, lr);
+    }
+  }
+}
+
+void OptimizerStep::step_sgd(const at::Tensor& p, std::size_t index, double lr) {
+  const auto& o =
+      static_cast<const torch::optim::SGDOptions&>(optimizer_->param_groups().at(0).options());
+  const double momentum = o.momentum(), decay = o.weight_decay(), dampening = o.dampening();
+  const bool nesterov = o.nesterov();
+  std::vector<at::Tensor> tensors{p, p.grad()};
+  if (momentum != 0) {
+    tensors.push_back(
+        static_cast<torch::optim::SGDParamState&>(param_state(index)).momentum_buffer());
+  }
+  in_pieces(tensors, [&](const std::vector<at::Tensor>& t) {
+    at::Tensor d_p = t[1];
+    if (decay != 0) d_p = d_p.add(t[0], decay);  // a temporary: a piece
+    if (momentum != 0) {
+      t[2].mul_(momentum).add_(d_p, 1 - dampening);
+      d_p = nesterov ? d_p.add(t[2], momentum) : t[2];
+    }
+    t[0].add_(d_p, -lr);
+  });
+}
+
+void OptimizerStep::step_adamw(const at::Tensor& p, torch::optim::AdamWParamState& state,
+                               double lr) {
+  const auto& o =
+      static_cast<const torch::optim::AdamWOptions&>(optimizer_->param_groups().at(0).options());
+  const auto [beta1, beta2] = o.betas();
+  const double eps = o.eps(), decay = o.weight_decay();
+  state.step(state.step() + 1);
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(state.step()));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(state.step()));
+  const double step_size = lr / bias_correction1;
+  const double root2 = std::sqrt(bias_correction2);
+  in_pieces({p, p.grad(), state.exp_avg(), state.exp_avg_sq()},
+            [&](const std::vector<at::Tensor>& t) {
+              if (decay != 0) t[0].mul_(1 - lr * decay);
+              t[2].mul_(beta1).add_(t[1], 1 - beta1);
+              t[3].mul_(beta2).addcmul_(t[1], t[1], 1 - beta2);
+              at::Tensor denom = t[3].sqrt();  // the one temporary: a piece
+              denom.div_(root2).add_(eps);
+              t[0].addcdiv_(t[2], denom, -step_size);
+            });
 }
 
 std::vector<std::string> OptimizerStep::state_kinds() const {

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 namespace torch::optim {
 class Optimizer;
 class OptimizerParamState;
+class AdamWParamState;
 }  // namespace torch::optim
 
 namespace autoaccum::train {
@@ -62,8 +64,17 @@ class OptimizerStep {
   // LibTorch's archive of the state, as checkpoints before per-parameter state held it.
   void load(const std::string& bytes, const c10::Device& device);  // c10::Error on mismatch
 
+  // The most bytes the update's temporaries take at once: it walks each tensor in pieces of at
+  // most 2^20 elements (4 MiB of float32) whatever the model, and one temporary lives at a time
+  // (AdamW's denominator; SGD's gradient plus weight decay); SGD without weight decay makes none.
+  // A tensor that is not contiguous is stepped whole.
+  std::int64_t temporary_bytes() const;
+
  private:
   torch::optim::OptimizerParamState& param_state(std::size_t index) const;  // of stepped tensor
+  void step_in_pieces(double lr);
+  void step_sgd(const at::Tensor& p, std::size_t index, double lr);
+  void step_adamw(const at::Tensor& p, torch::optim::AdamWParamState& state, double lr);
 
   const TrainOptions& options_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
