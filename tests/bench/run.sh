@@ -9,5 +9,6 @@ cd "$(dirname "$0")/../.."
 ./jobs/setup.sh >/dev/null
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc)" \
-  --target autoaccum bench_flag_fusion bench_slab_read bench_sgemm bench_allreduce bench_checkpoint
+  --target autoaccum bench_flag_fusion bench_slab_read bench_sgemm bench_allreduce bench_checkpoint \
+  bench_optimizer_step
 exec /usr/bin/python3 tests/bench/bench.py "$@"
