@@ -219,7 +219,10 @@ def bench_auto(runner, peaks, reps, results):
     for final in [256, 64, 16, 4]:
         costs, retries = [], []
         for rep in range(max(2, reps // 2)):
-            steps = runner.train("auto", steps=12, limit=limit_between(peaks, final))
+            # The halving search's cost (predict, the default, starts where the memory model
+            # says and rarely retries: docs/benchmarks.md, "Predicting what fits").
+            steps = runner.train("auto", steps=12, limit=limit_between(peaks, final),
+                                 extra=["--micro-batch-search", "halve"])
             searched = steps["oom_retries"] > 0
             normal = float(np.median(steps["step_seconds"][~searched][1:]))
             costs.append(float(steps["retry_seconds"].sum()))
@@ -339,7 +342,7 @@ def render_lm(results):
                   f"{m} ({'fits' if ok else 'OOM'})" for m, ok in a["fits"].items()) + ".", "",
               "| search | settled at | samples/s | best fixed m | its samples/s | auto / best "
               "(range) | met (>= 0.98) |", "|---|---|---|---|---|---|---|"]
-    for name, key, finals in (("halve (default)", "ratio", a["finals"]),
+    for name, key, finals in (("predict (default)", "ratio", a["finals"]),
                               ("refine", "refine_ratio", a["refine_finals"])):
         r = a[key]
         value = a["auto"] if key == "ratio" else a["refine"]
@@ -2086,7 +2089,7 @@ def render(results):
               "| search | settled at | samples/s | best fixed m | its samples/s | auto / best "
               "(range) | met |",
               "|---|---|---|---|---|---|---|",
-              f"| halve (default) | {a['final']} | {fmt(a['auto'], 0)} | {a['best_m']} | "
+              f"| predict (default) | {a['final']} | {fmt(a['auto'], 0)} | {a['best_m']} | "
               f"{fmt(a['best_fixed'], 0)} | "
               f"{a['ratio']['median']:.3f} ({a['ratio']['min']:.3f}-{a['ratio']['max']:.3f}) | "
               f"{'yes' if a['ratio']['median'] >= 0.98 else '**no**'} |",
@@ -2099,7 +2102,7 @@ def render(results):
                   f"{m}: {fmt(v, 0)}" for m, v in a["fixed"].items()) + "." + (
                   f" Auto against fixed at its own size ({a['final']}): "
                   f"{a['ratio_same_m']:.3f}." if a["ratio_same_m"] else ""), "",
-              "Search cost (12-step runs; seconds spent in the attempts that ran out of memory, "
+              "Search cost of `--micro-batch-search halve` (12-step runs; seconds spent in the attempts that ran out of memory, "
               "the run log's `retry_seconds`; a retry fails at its first micro-batch, so it costs "
               "about one micro-batch's forward pass):", "",
               "| final micro-batch | log2(512 / final) | retries | search seconds | normal step |",
