@@ -108,8 +108,10 @@ class Overlap(TempDirTest):
         # off bit for bit.
         import test_documents as td
         data, _, model, _ = td.fortune_documents_and_gpt(self)
+        # Two fresh starts compared bit for bit: the cut from the data alone (pieces), not from
+        # timings (auto, the default), which may differ between them.
         common = ["--global-batch", 24, "--steps", 3, "--lr", 0.1, "--momentum", 0.9,
-                  "--bucket-mib", "0.001"]
+                  "--bucket-mib", "0.001", *td.PIECES]
         data = f"{data}/text-docs-train.h5"
         for case, extra in (("plain", ["--micro-batch-tokens", 160]),
                             ("oom", ["--micro-batch-tokens", "auto", "--micro-batch-search",
