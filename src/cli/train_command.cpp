@@ -458,7 +458,8 @@ void add_drill_options(po::options_description_easy_init add) {
   add("inject-overflow", po::value<std::string>()->value_name("rank=R,step=S[;...]"),
       "drill: rank R's loss at step S is made infinite before backward, as an fp16 overflow");
   add("inject-stall", po::value<std::string>()->value_name("rank=R,step=S,seconds=T[;...]"),
-      "drill: rank R stops for T seconds at the start of step S (a hung file system or GPU)");
+      "drill: rank R stops for T seconds at the start of step S (a hung file system or GPU); "
+      "a stop signal ends it early");
   add("collective-timeout", po::value<double>()->default_value(600, "600")->value_name("SECONDS"),
       "deadline of every collective: past it the ranks that can still talk end the job with "
       "exit code 5 and one line naming the ranks that did not arrive (0: wait forever). Raise "

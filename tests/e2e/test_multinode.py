@@ -23,7 +23,8 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import BIN, FAULT_PROBE, MPIEXEC, autoaccum, preempt_and_requeue, text
+from harness import (BIN, FAULT_PROBE, MPIEXEC, autoaccum, preempt_and_requeue, sbatch_wait,
+                     text)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MULTI = os.path.join(ROOT, "jobs", "slurm", "multi-node.sbatch")
@@ -178,9 +179,9 @@ class TwoNodes(Cluster):
 
     def test_the_job_script_runs_unchanged_on_two_nodes_and_equals_a_single_node_run(self):
         self.wait_idle()
-        r = self.slurm("sbatch", "--wait", "--parsable", "-N2", "--ntasks-per-node=2",
-                       "--cpus-per-task=1", "--output", f"{self.runs}/slurm-%j.out", MULTI,
-                       "--data", self.data, timeout=240)
+        r = sbatch_wait(self.slurm, "-N2", "--ntasks-per-node=2", "--cpus-per-task=1",
+                        "--output", f"{self.runs}/slurm-%j.out", MULTI, "--data", self.data,
+                        timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         job = r.stdout.strip().split(";")[0]
         output = read(f"{self.runs}/slurm-{job}.out")
@@ -335,10 +336,9 @@ class TwoNodes(Cluster):
         stopped = int(re.search(r"stopped by a signal at step (\d+)", output).group(1))
         self.assertIn(f"resumed at step {stopped}", output)
         # The same job, uninterrupted, on the same two nodes.
-        r = self.slurm("sbatch", "--wait", "--parsable", "-N2", "--ntasks-per-node=1",
-                       "--cpus-per-task=1", "--output", f"{self.runs}/slurm-%j.out", MULTI,
-                       "--data", self.data, "--steps", steps, "--log-every", "1000",
-                       timeout=300)
+        r = sbatch_wait(self.slurm, "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
+                        "--output", f"{self.runs}/slurm-%j.out", MULTI, "--data", self.data,
+                        "--steps", steps, "--log-every", "1000", timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr)
         whole = r.stdout.strip().split(";")[0]
         got, got_step = params(checkpoint)

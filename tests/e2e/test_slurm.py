@@ -12,7 +12,8 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, autoaccum, flip_a_bit, older_checkpoints, preempt_and_requeue
+from harness import (BIN, autoaccum, flip_a_bit, older_checkpoints, preempt_and_requeue,
+                     sbatch_wait)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SBATCH = os.path.join(ROOT, "jobs", "slurm", "train.sbatch")
@@ -49,13 +50,13 @@ class Slurm(unittest.TestCase):
         subprocess.run([os.path.join(ROOT, "jobs", "ci", "slurm-down.sh"), cls.state], timeout=60)
         shutil.rmtree(cls.dir, ignore_errors=True)
 
-    def slurm(self, *command, timeout=60):
+    def slurm(self, *command, timeout=60, env=None):
         return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout,
-                              env=self.env, cwd=self.dir)
+                              env=env or self.env, cwd=self.dir)
 
     def test_small_job_completes(self):
-        r = self.slurm("sbatch", "--wait", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
-                       "--data", self.data, timeout=240)
+        r = sbatch_wait(self.slurm, "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                        "--data", self.data, timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         job = r.stdout.split()[-1]
         with h5py.File(f"{self.dir}/runs/{job}.h5", "r") as f:
@@ -79,12 +80,12 @@ class Slurm(unittest.TestCase):
         self.assertEqual(made.returncode, 0, made.stdout + made.stderr)
         env = dict(self.env, AUTOACCUM_CONFIG=os.path.join(ROOT, "jobs", "configs",
                                                            "gpt-fortunes.ini"))
-        r = subprocess.run(["sbatch", "--wait", "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
-                            "--data", f"{self.dir}/text/text-train.h5",
-                            "--val-data", f"{self.dir}/text/text-val.h5", "--model-file", model,
-                            "--steps", "20", "--eval-every", "10", "--checkpoint-every", "10",
-                            "--threads", "1"],
-                           capture_output=True, text=True, timeout=240, env=env, cwd=self.dir)
+        r = sbatch_wait(lambda *c: self.slurm(*c, env=env), "--output",
+                        f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                        "--data", f"{self.dir}/text/text-train.h5",
+                        "--val-data", f"{self.dir}/text/text-val.h5", "--model-file", model,
+                        "--steps", "20", "--eval-every", "10", "--checkpoint-every", "10",
+                        "--threads", "1", timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         job = r.stdout.split()[-1]
         with h5py.File(f"{self.dir}/runs/{job}.h5", "r") as f:
@@ -97,9 +98,9 @@ class Slurm(unittest.TestCase):
     def test_array_sweep_over_global_batch_compares_in_one_table(self):
         sweep = os.path.join(ROOT, "jobs", "slurm", "sweep.sbatch")
         env = dict(self.env, AUTOACCUM_SWEEP="100 200", AUTOACCUM_HOME=ROOT)
-        r = subprocess.run(["sbatch", "--wait", "--array=0-1", "--output", f"{self.dir}/runs/slurm-%A_%a.out",
-                            sweep, "--data", self.data, "--steps", "20"],
-                           capture_output=True, text=True, timeout=240, env=env, cwd=self.dir)
+        r = sbatch_wait(lambda *c: self.slurm(*c, env=env), "--array=0-1", "--output",
+                        f"{self.dir}/runs/slurm-%A_%a.out", sweep, "--data", self.data,
+                        "--steps", "20", timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         job = r.stdout.split()[-1]
         logs = [f"{self.dir}/runs/{job}_{i}.h5" for i in (0, 1)]
@@ -200,15 +201,14 @@ class Slurm(unittest.TestCase):
         # Job A: 2 ranks, 40 steps. Job B continues A's run on 1 rank to 80 steps. The result
         # equals an uninterrupted 2-rank run of 80 steps (the sample sequence is global).
         common = ["--data", self.data, "--log-every", "0"]
-        r = self.slurm("sbatch", "--wait", "--parsable", "--output",
-                       f"{self.dir}/runs/slurm-%j.out", SBATCH, *common, "--steps", "40",
-                       timeout=120)
+        r = sbatch_wait(self.slurm, "--output", f"{self.dir}/runs/slurm-%j.out", SBATCH,
+                        *common, "--steps", "40", timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         first = r.stdout.strip().split(";")[0]
         env = dict(self.env, AUTOACCUM_CONTINUE=first)
-        r = subprocess.run(["sbatch", "--wait", "--parsable", "--ntasks-per-node=1", "--output",
-                            f"{self.dir}/runs/slurm-%j.out", SBATCH, *common, "--steps", "80"],
-                           capture_output=True, text=True, timeout=120, env=env, cwd=self.dir)
+        r = sbatch_wait(lambda *c: self.slurm(*c, env=env), "--ntasks-per-node=1", "--output",
+                        f"{self.dir}/runs/slurm-%j.out", SBATCH, *common, "--steps", "80",
+                        timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         second = r.stdout.strip().split(";")[0]
         with open(f"{self.dir}/runs/slurm-{second}.out") as out:

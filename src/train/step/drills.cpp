@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "autoaccum/memory/memory.hpp"
+#include "autoaccum/train/trainer.hpp"
 
 namespace autoaccum::train {
 namespace {
@@ -77,8 +78,14 @@ void Drills::slow_down(std::chrono::steady_clock::time_point start) const {
 
 void Drills::stall(std::int64_t step) const {
   for (const auto& stall : stall_) {
-    if (stall.rank == rank_ && stall.step == step)
-      std::this_thread::sleep_for(std::chrono::duration<double>(stall.seconds));
+    if (stall.rank != rank_ || stall.step != step) continue;
+    // A stop signal ends it early: the step boundary it would reach next turns the signal into
+    // a checkpoint at once (a job signalled during the drill need not sit out the rest of it).
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(stall.seconds));
+    while (!stop_requested() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
