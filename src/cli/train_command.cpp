@@ -260,11 +260,6 @@ void read_reduction(const po::variables_map& vm, train::TrainOptions& o) {
   o.shard = vm["shard"].as<std::string>();
   if (o.shard != "none" && o.shard != "optimizer")
     throw UsageError("--shard: '" + o.shard + "' is not one of none, optimizer");
-  if (o.shard == "optimizer" && o.overlap == "on") {
-    throw UsageError(
-        "--overlap on with --shard optimizer: not supported; a sharded step reduce-scatters its "
-        "gradients once, after the last backward pass (use --overlap off or auto)");
-  }
   o.bucket_mib = vm["bucket-mib"].as<double>();
   if (!(o.bucket_mib > 0) || !std::isfinite(o.bucket_mib) || o.bucket_mib > 4096)
     throw UsageError("--bucket-mib: must be a size in MiB above 0 and at most 4096");
@@ -420,14 +415,16 @@ void add_device_options(po::options_description_easy_init add) {
   add("backend", po::value<std::string>()->default_value("auto")->value_name("auto|mpi|nccl"),
       "gradient all-reduce backend");
   add("overlap", po::value<std::string>()->default_value("auto")->value_name("auto|on|off"),
-      "all-reduce the gradients in buckets while the last micro-batch's backward pass runs, "
-      "instead of after it (same sums, same out-of-memory agreement). auto: on when the ranks "
+      "all-reduce the gradients (sharded: reduce them to the ranks owning them) in buckets "
+      "while the last micro-batch's backward pass runs, instead of after it (same sums, same "
+      "out-of-memory agreement). auto: on when the ranks "
       "span several nodes (CPU); on one node the all-reduce is shared memory and cheap; on "
       "GPUs (NCCL) only with on");
   add("shard", po::value<std::string>()->default_value("none")->value_name("none|optimizer"),
       "optimizer: each rank keeps the optimizer state of, and updates, a 1/W slice of the "
-      "parameters (gradients reduce-scattered with the step's agreement in the same collective, "
-      "parameters all-gathered after an accepted step), so memory per rank shrinks as ranks are "
+      "parameters (gradients reduce-scattered, or reduced in buckets with --overlap, before the "
+      "step's agreement; parameters all-gathered after an accepted step), so memory per rank "
+      "shrinks as ranks are "
       "added");
   add("bucket-mib", po::value<double>()->default_value(1, "1")->value_name("MIB"),
       "--overlap: gradient bytes per bucket (a larger parameter makes a bucket of its own)");

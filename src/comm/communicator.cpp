@@ -25,6 +25,16 @@ void Communicator::reduce_scatter_sum(float* data, std::size_t chunk, const char
   do_reduce_scatter_sum(data, chunk, what);
 }
 
+void Communicator::reduce_sum(float* data, std::size_t count, int root, const char* what) {
+  ++data_allreduce_calls_;
+  do_reduce_sum(data, count, root, what);
+}
+
+void Communicator::queue_reduce_sum(float* data, std::size_t count, int root, const char* what) {
+  ++data_allreduce_calls_;
+  do_queue_reduce_sum(data, count, root, what);
+}
+
 void Communicator::allgather_in_place(float* data, std::size_t chunk, const char* what) {
   ++data_allgather_calls_;
   do_allgather_in_place(data, chunk, what);

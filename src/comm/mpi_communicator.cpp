@@ -186,6 +186,18 @@ void MpiCommunicator::do_reduce_scatter_sum(float* data, std::size_t chunk, cons
     std::memcpy(data + static_cast<std::size_t>(rank_) * chunk, data, chunk * sizeof(float));
 }
 
+void MpiCommunicator::do_reduce_sum(float* data, std::size_t count, int root, const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "MPI_Reduce(float, sum)");
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t chunk = std::min(count - done, kMaxChunk);
+    float* at = data + done;
+    check_mpi(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : at, at, static_cast<int>(chunk), MPI_FLOAT,
+                         MPI_SUM, root, comm_),
+              what ? what : "MPI_Reduce");
+    done += chunk;
+  }
+}
+
 void MpiCommunicator::do_allgather_in_place(float* data, std::size_t chunk, const char* what) {
   if (chunk > kMaxChunk)
     throw CommError("all-gather: " + std::to_string(chunk) + " floats per rank is too many");

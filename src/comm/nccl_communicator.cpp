@@ -376,6 +376,27 @@ void NcclCommunicator::do_reduce_scatter_sum(float* data, std::size_t chunk, con
   complete_on_nccl_stream(*impl_, rank(), "ncclReduceScatter");
 }
 
+void NcclCommunicator::do_queue_reduce_sum(float* data, std::size_t count, int root,
+                                           const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclReduce(float, sum) (queued)");
+  throw_if_aborted(*impl_, rank());
+  if (count == 0) return;
+  // In place: the root's result lands where its input was.
+  queue_on_nccl_stream(*impl_, rank(), "ncclReduce", [&] {
+    return ncclReduce(data, data, count, ncclFloat32, ncclSum, root, impl_->comm, impl_->stream);
+  });
+}
+
+void NcclCommunicator::do_reduce_sum(float* data, std::size_t count, int root, const char* what) {
+  const Watchdog::Guard guard(watchdog(), what ? what : "ncclReduce(float, sum)");
+  throw_if_aborted(*impl_, rank());
+  if (count == 0) return;
+  queue_on_nccl_stream(*impl_, rank(), "ncclReduce", [&] {
+    return ncclReduce(data, data, count, ncclFloat32, ncclSum, root, impl_->comm, impl_->stream);
+  });
+  complete_on_nccl_stream(*impl_, rank(), "ncclReduce");
+}
+
 void NcclCommunicator::do_allgather_in_place(float* data, std::size_t chunk, const char* what) {
   const Watchdog::Guard guard(watchdog(), what ? what : "ncclAllGather(float)");
   throw_if_aborted(*impl_, rank());
@@ -433,6 +454,8 @@ void NcclCommunicator::do_allreduce_sum(float*, std::size_t, const char*) {}
 void NcclCommunicator::do_allreduce_sum(double*, std::size_t, const char*) {}
 void NcclCommunicator::do_queue_allreduce_sum(float*, std::size_t, const char*) {}
 void NcclCommunicator::do_reduce_scatter_sum(float*, std::size_t, const char*) {}
+void NcclCommunicator::do_reduce_sum(float*, std::size_t, int, const char*) {}
+void NcclCommunicator::do_queue_reduce_sum(float*, std::size_t, int, const char*) {}
 void NcclCommunicator::do_allgather_in_place(float*, std::size_t, const char*) {}
 int NcclCommunicator::device() const noexcept {
   return -1;

@@ -163,6 +163,32 @@ TEST_F(MpiComm, ReduceScatterLeavesEachRankItsChunksSumInPlace) {
   }
 }
 
+// A sharded bucket reduced to each owner (--shard optimizer --overlap): the root holds the sum
+// in place, counted as a reduction; every root in turn, from the communication thread's calls.
+TEST_F(MpiComm, ReduceLeavesTheSumAtTheRootInPlace) {
+  const int world = comm.size();
+  for (int root = 0; root < world; ++root) {
+    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{9}}) {
+      std::vector<float> data(count);
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = static_cast<float>(1000 * comm.rank() + static_cast<int>(i));
+      const std::vector<float> mine = data;
+      const std::uint64_t before = comm.data_allreduce_calls();
+      comm.reduce_sum(data.data(), count, root, "test reduce");
+      EXPECT_EQ(comm.data_allreduce_calls(), before + 1);
+      for (std::size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r)
+          want += static_cast<float>(1000 * r + static_cast<int>(i));
+        if (comm.rank() == root)
+          EXPECT_EQ(data[i], want) << "root " << root << " element " << i;
+        else
+          EXPECT_EQ(data[i], mine[i]) << "a non-root's values are left as they were";
+      }
+    }
+  }
+}
+
 TEST_F(MpiComm, AllgatherInPlaceGivesEveryRankEveryChunk) {
   const int world = comm.size();
   const std::size_t chunk = 5;

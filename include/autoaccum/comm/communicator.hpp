@@ -59,6 +59,12 @@ class Communicator {
   // ranks of that chunk; the other chunks hold unspecified values. Counted as a reduction (the
   // step's one gradient collective), like an all-reduce.
   void reduce_scatter_sum(float* data, std::size_t chunk, const char* what = nullptr);
+  // reduce_sum: afterwards `root`'s `count` floats at `data` hold the sum over ranks of theirs;
+  // the other ranks' are unspecified. A bucket of a sharded gradient goes so to the rank (or
+  // ranks, one call each) owning its elements. Counted as a reduction. queue_reduce_sum is its
+  // queued form (as queue_allreduce_sum; backends that cannot queue reduce at once).
+  void reduce_sum(float* data, std::size_t count, int root, const char* what = nullptr);
+  void queue_reduce_sum(float* data, std::size_t count, int root, const char* what = nullptr);
   // allgather_in_place: every rank's own chunk is copied into the same chunk on every rank.
   // Counted apart (data_allgather_calls).
   void allgather_in_place(float* data, std::size_t chunk, const char* what = nullptr);
@@ -99,6 +105,14 @@ class Communicator {
   // all-reduce each): the reduce-scatter sums every chunk; the all-gather sums the buffer with
   // every chunk but this rank's zeroed.
   virtual void do_reduce_scatter_sum(float* data, std::size_t chunk, const char* what);
+  // The default reduce is the all-reduce (every rank gets the sum, the root among them).
+  virtual void do_reduce_sum(float* data, std::size_t count, int root, const char* what) {
+    (void)root;
+    do_allreduce_sum(data, count, what);
+  }
+  virtual void do_queue_reduce_sum(float* data, std::size_t count, int root, const char* what) {
+    do_reduce_sum(data, count, root, what);
+  }
   virtual void do_allgather_in_place(float* data, std::size_t chunk, const char* what);
 
  private:

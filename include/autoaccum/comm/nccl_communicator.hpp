@@ -65,6 +65,8 @@ class NcclCommunicator final : public Communicator {
   void do_allreduce_sum(double* data, std::size_t count, const char* what) override;
   void do_queue_allreduce_sum(float* data, std::size_t count, const char* what) override;
   void do_reduce_scatter_sum(float* data, std::size_t chunk, const char* what) override;
+  void do_reduce_sum(float* data, std::size_t count, int root, const char* what) override;
+  void do_queue_reduce_sum(float* data, std::size_t count, int root, const char* what) override;
   void do_allgather_in_place(float* data, std::size_t chunk, const char* what) override;
 
  private:

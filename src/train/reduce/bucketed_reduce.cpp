@@ -46,9 +46,11 @@ std::vector<Bucket> cut_buckets(std::int64_t offset, const std::vector<std::int6
 
 namespace {
 
-// How a timeout names `comm`'s float sum.
-std::string collective_name(const comm::Communicator& comm) {
-  return comm.backend() == "nccl" ? "ncclAllReduce(float, sum)" : "MPI_Allreduce(float, sum)";
+// How a timeout names `comm`'s float sum: an all-reduce, or a reduce to the owners.
+std::string collective_name(const comm::Communicator& comm, bool to_owners) {
+  const bool nccl = comm.backend() == "nccl";
+  if (to_owners) return nccl ? "ncclReduce(float, sum)" : "MPI_Reduce(float, sum)";
+  return nccl ? "ncclAllReduce(float, sum)" : "MPI_Allreduce(float, sum)";
 }
 
 }  // namespace
@@ -58,6 +60,7 @@ struct BucketedReduce::Shared {
   at::Tensor buffer;  // kept alive while the thread may still write into it
   float* base = nullptr;
   std::int64_t bucket_bytes = 0;
+  std::int64_t region = 0, owner_slice = 0;  // sharded: rank j owns [region + j*slice, ...)
   std::vector<Bucket> buckets;
   std::vector<std::string> labels;               // the watchdog's names of the collectives
   std::string tail_label;                        // and of the step's tail, after them
@@ -98,15 +101,35 @@ struct BucketedReduce::Shared {
     }
   }
 
+  // Bucket `b`'s sum: an all-reduce, or a reduce to each rank owning part of it (in rank
+  // order); queued on the device, or made at once.
+  void send(std::size_t b, bool queue) {
+    const Bucket& bucket = buckets[b];
+    const char* label = labels[b].c_str();
+    if (owner_slice <= 0) {
+      const auto count = static_cast<std::size_t>(bucket.count);
+      queue ? comm.queue_allreduce_sum(base + bucket.offset, count, label)
+            : comm.allreduce_sum(base + bucket.offset, count, label);
+      return;
+    }
+    const std::int64_t end = bucket.offset + bucket.count;
+    for (std::int64_t at = bucket.offset; at < end;) {
+      const auto owner = static_cast<int>((at - region) / owner_slice);
+      const std::int64_t upto = std::min(end, region + (owner + 1) * owner_slice);
+      const auto count = static_cast<std::size_t>(upto - at);
+      queue ? comm.queue_reduce_sum(base + at, count, owner, label)
+            : comm.reduce_sum(base + at, count, owner, label);
+      at = upto;
+    }
+  }
+
   // Queued mode, with `mutex` held: queues every bucket that may go, in order. The calls
   // return at once (the sums run on the device after the gradients they read), so they are
   // made here, by the autograd thread that completed the bucket, or by finish().
   void queue_ready() noexcept {
     while (active && next < buckets.size() && ready[next]) {
-      const Bucket& bucket = buckets[next];
       try {
-        comm.queue_allreduce_sum(base + bucket.offset, static_cast<std::size_t>(bucket.count),
-                                 labels[next].c_str());
+        send(next, true);
       } catch (...) {
         error = std::current_exception();
         next = buckets.size();  // the rank fails; no further bucket is sent
@@ -121,13 +144,12 @@ struct BucketedReduce::Shared {
     for (;;) {
       wake.wait(lock, [&] { return stop || (active && next < buckets.size() && ready[next]); });
       if (stop) return;
-      const Bucket& bucket = buckets[next];
+      const std::size_t b = next;
       in_collective = true;
       lock.unlock();
       std::exception_ptr failed;
       try {
-        comm.allreduce_sum(base + bucket.offset, static_cast<std::size_t>(bucket.count),
-                           labels[next].c_str());
+        send(b, false);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -165,9 +187,12 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std::int64_t offset,
-                               const std::vector<at::Tensor>& parameters, std::int64_t bucket_bytes)
+                               const std::vector<at::Tensor>& parameters, std::int64_t bucket_bytes,
+                               std::int64_t owner_slice)
     : shared_(std::make_shared<Shared>(comm, buffer)) {
   Shared& s = *shared_;
+  s.region = offset;
+  s.owner_slice = owner_slice;
   s.queued = comm.queues_collectives();
   // A thread's blocking collective reads host memory: a device buffer written by kernels still
   // queued when the hook runs would be read too early, so device buffers need queued sums.
@@ -185,10 +210,10 @@ BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std:
   for (std::size_t b = 0; b < s.buckets.size(); ++b) {
     for (std::size_t i = s.buckets[b].first; i < s.buckets[b].last; ++i)
       s.bucket_of[i] = b;
-    s.labels.push_back(collective_name(comm) + " of gradient bucket " + std::to_string(b + 1) +
-                       " of " + std::to_string(s.buckets.size()));
+    s.labels.push_back(collective_name(comm, owner_slice > 0) + " of gradient bucket " +
+                       std::to_string(b + 1) + " of " + std::to_string(s.buckets.size()));
   }
-  s.tail_label = collective_name(comm) + " of the step's control values";
+  s.tail_label = collective_name(comm, false) + " of the step's control values";
   s.pending = std::make_unique<std::atomic<int>[]>(s.buckets.size());
   s.arrived = std::make_unique<std::atomic<bool>[]>(parameters.size());
   s.ready.assign(s.buckets.size(), 0);

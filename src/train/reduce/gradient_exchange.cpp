@@ -29,7 +29,8 @@ GradientExchange::GradientExchange(const TrainOptions& options, comm::Communicat
   for (const at::Tensor& p : trainable_)
     trainable_elements_ += p.numel();
   if (sharded_) {
-    // Parameters in their order: rank 0 owns the first slice.
+    // Parameters in reverse order, as the replicated buffer binds them: rank 0 owns the slice
+    // that holds the last layers.
     reducer_ = sharded_reducer(gradient_comm_, comm_, trainable_, sizes_.buffer_floats,
                                sizes_.control_floats, device);
     return;
@@ -43,10 +44,11 @@ GradientExchange::GradientExchange(const TrainOptions& options, comm::Communicat
   // in the buffer's order (docs/design.md, "Overlapped all-reduce").
   buffer_->bind_gradients(std::vector<at::Tensor>(trainable_.rbegin(), trainable_.rend()),
                           gradient_region_);
+  reducer_ = replicated_reducer(gradient_comm_, *buffer_, trainable_, gradient_region_,
+                                buffer_region_, control_region_);
 }
 
 void GradientExchange::choose_overlap(bool use_cuda) {
-  if (sharded_) return;
   const std::string& asked = options_.overlap;
   // On a GPU, auto stays off until measured there; --overlap on queues the buckets on NCCL's
   // stream (BucketedReduce's queued mode).
@@ -68,16 +70,14 @@ void GradientExchange::choose_overlap(bool use_cuda) {
       overlap = false;
     }
   });
-  if (overlap) {
-    comm::collectively(comm_, [&] {
-      const auto bytes = static_cast<std::int64_t>(options_.bucket_mib * 1024.0 * 1024.0);
-      bucketed_ = std::make_unique<BucketedReduce>(
-          gradient_comm_, buffer_->all(), buffer_->layout()[gradient_region_].offset,
-          std::vector<at::Tensor>(trainable_.rbegin(), trainable_.rend()), bytes);
-    });
-  }
-  reducer_ = replicated_reducer(gradient_comm_, *buffer_, bucketed_.get(), trainable_,
-                                gradient_region_, buffer_region_, control_region_);
+  if (!overlap) return;
+  comm::collectively(comm_, [&] {
+    const auto bytes = static_cast<std::int64_t>(options_.bucket_mib * 1024.0 * 1024.0);
+    const Reducer::Binding bound = reducer_->binding();
+    bucketed_ = std::make_unique<BucketedReduce>(gradient_comm_, bound.buffer, bound.offset,
+                                                 bound.parameters, bytes, bound.owner_slice);
+  });
+  reducer_->send_in_buckets(*bucketed_);
 }
 
 void GradientExchange::reduce() {
@@ -95,15 +95,24 @@ void GradientExchange::check_views() {
 }
 
 std::string GradientExchange::description() const {
+  std::ostringstream text;
   if (sharded_) {
-    return "sharded (--shard optimizer): one reduce-scatter per attempt, every slice carrying "
-           "the step's control values; an all-gather of the parameters per step";
+    text << "sharded (--shard optimizer): ";
+    if (bucketed_) {
+      text << "reduced to the ranks owning each slice, overlapped with the last backward pass: "
+           << bucketed_->buckets().size() << " bucket(s) of "
+           << memory::format_bytes(bucketed_->bucket_bytes()) << " in reverse parameter order"
+           << (bucketed_->queued() ? ", queued on NCCL's stream" : "");
+    } else {
+      text << "one reduce-scatter of the gradients per attempt";
+    }
+    text << ", then the step's control values; an all-gather of the parameters per step";
+    return text.str();
   }
   if (!bucketed_) {
     return world_ > 1 ? "after the last backward pass, one collective per attempt"
                       : "after the last backward pass";
   }
-  std::ostringstream text;
   text << "overlapped with the last backward pass: " << bucketed_->buckets().size()
        << " bucket(s) of " << memory::format_bytes(bucketed_->bucket_bytes())
        << " in reverse parameter order" << (bucketed_->queued() ? ", queued on NCCL's stream" : "")

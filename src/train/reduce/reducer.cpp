@@ -1,8 +1,7 @@
-// Reducer: the replicated all-reduce (whole, or in buckets) and the sharded reduce-scatter.
+// Reducer: the replicated all-reduce (whole, or in buckets) and the sharded reduction.
 #include "autoaccum/train/reduce/reducer.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
@@ -14,14 +13,20 @@
 namespace autoaccum::train {
 namespace {
 
+// How a timeout names the all-reduce of the step's tail when it is sent alone.
+std::string tail_label(const comm::Communicator& comm) {
+  return std::string(comm.backend() == "nccl" ? "ncclAllReduce(float, sum)"
+                                              : "MPI_Allreduce(float, sum)") +
+         " of the step's control values";
+}
+
 class ReplicatedReduce final : public Reducer {
  public:
-  ReplicatedReduce(comm::Communicator& comm, ReduceBuffer& buffer, BucketedReduce* bucketed,
+  ReplicatedReduce(comm::Communicator& comm, ReduceBuffer& buffer,
                    std::vector<at::Tensor> trainable, ReduceLayout::Handle gradients,
                    ReduceLayout::Handle buffers, ReduceLayout::Handle control)
       : comm_(comm),
         buffer_(buffer),
-        bucketed_(bucketed),
         trainable_(std::move(trainable)),
         gradients_(gradients),
         buffers_(buffers),
@@ -60,44 +65,19 @@ class ReplicatedReduce final : public Reducer {
     comm_.allreduce_sum(buffer_.all().data_ptr<float>(),
                         static_cast<std::size_t>(buffer_.all().numel()));
   }
+  Binding binding() const override {
+    // In reverse, as ReduceBuffer::bind_gradients was given them.
+    return {buffer_.all(), buffer_.layout()[gradients_].offset,
+            std::vector<at::Tensor>(trainable_.rbegin(), trainable_.rend()), 0};
+  }
+  void send_in_buckets(BucketedReduce& buckets) override { bucketed_ = &buckets; }
 
  private:
   comm::Communicator& comm_;
   ReduceBuffer& buffer_;
-  BucketedReduce* bucketed_;
+  BucketedReduce* bucketed_ = nullptr;
   std::vector<at::Tensor> trainable_;
   ReduceLayout::Handle gradients_, buffers_, control_;
-};
-
-// Where the gradient of a parameter that crosses a slice boundary goes: runs before the
-// parameter's gradient accumulator, adds what backward computed for it into the pieces of the
-// chunks it crosses (around the tails between them) and passes nothing on, so the accumulator
-// does nothing and the parameter needs no gradient tensor of its own.
-class AccumulateAcrossSlices final : public torch::autograd::FunctionPreHook {
- public:
-  AccumulateAcrossSlices(at::Tensor buffer, const ShardLayout& layout, std::int64_t offset)
-      : buffer_(std::move(buffer)), layout_(layout), offset_(offset) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    if (grads.empty() || !grads[0].defined()) return grads;
-    const at::NoGradGuard no_grad;
-    const at::Tensor flat = grads[0].reshape(-1);
-    const std::int64_t n = flat.numel();
-    for (std::int64_t done = 0; done < n;) {
-      const std::int64_t x = offset_ + done;
-      const std::int64_t chunk = x / layout_.slice;
-      const std::int64_t within = x - chunk * layout_.slice;
-      const std::int64_t count = std::min(n - done, layout_.slice - within);
-      buffer_.narrow(0, chunk * layout_.chunk() + layout_.tail + within, count)
-          .add_(flat.narrow(0, done, count));
-      done += count;
-    }
-    return {at::Tensor()};  // an undefined gradient: the accumulator adds nothing
-  }
-
- private:
-  at::Tensor buffer_;
-  ShardLayout layout_;
-  std::int64_t offset_;
 };
 
 class ShardedReduce final : public Reducer {
@@ -109,77 +89,56 @@ class ShardedReduce final : public Reducer {
         control_comm_(control_comm),
         rank_(gradient_comm.rank()),
         buffer_floats_(buffer_floats),
-        control_floats_(control_floats) {
+        control_floats_(control_floats),
+        tail_label_(tail_label(gradient_comm)),
+        bound_(trainable.rbegin(), trainable.rend()) {
     std::int64_t elements = 0;
-    std::vector<std::int64_t> sizes;
     for (const auto& p : trainable) {
       if (p.scalar_type() != at::kFloat) {
         throw UsageError("--shard optimizer: the trainable parameters must be float32 (one is " +
                          std::string(c10::toString(p.scalar_type())) +
                          "); --precision bf16 and fp16 keep float32 parameters");
       }
-      sizes.push_back(p.numel());
       elements += p.numel();
     }
     layout_ = shard_layout(gradient_comm.size(), elements, buffer_floats + control_floats);
+    const std::int64_t padded = layout_.world * layout_.slice;
     const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
-    const std::int64_t world = layout_.world;
-    // The parameters move into one flat buffer, in order; each keeps its identity (the model
-    // and the optimizer hold the same tensors), only its data is now a view.
-    flat_ = at::zeros({world * layout_.slice}, options);
-    reduce_ = at::zeros({world * layout_.chunk()}, options);
-    const std::vector<std::size_t> crossing = layout_.crossing(sizes);
-    std::int64_t offset = 0;
-    std::size_t next_crossing = 0;
-    for (std::size_t i = 0; i < trainable.size(); ++i) {
-      at::Tensor p = trainable[i];
-      const std::int64_t n = p.numel();
-      at::Tensor place = flat_.narrow(0, offset, n).view(p.sizes());
-      {
-        const at::NoGradGuard no_grad;
-        place.copy_(p);
-      }
-      p.set_data(place);
-      if (next_crossing < crossing.size() && crossing[next_crossing] == i) {
-        ++next_crossing;
-        p.mutable_grad() = at::Tensor();
-        auto accumulator = torch::autograd::impl::grad_accumulator(p);
-        accumulator->add_pre_hook(
-            std::make_unique<AccumulateAcrossSlices>(reduce_, layout_, offset));
-        accumulators_.push_back(std::move(accumulator));  // the parameter holds it weakly
-      } else {
-        const std::int64_t chunk = layout_.slice > 0 ? offset / layout_.slice : 0;
-        const std::int64_t at =
-            chunk * layout_.chunk() + layout_.tail + (offset - chunk * layout_.slice);
-        p.mutable_grad() = reduce_.narrow(0, at, n).view(p.sizes());
-        bound_.push_back(p);
-      }
-      offset += n;
-    }
+    flat_ = at::zeros({padded}, options);
+    reduce_ = at::zeros({padded + layout_.tail}, options);
+    bind(trainable);
     const std::int64_t mine = layout_.end(rank_) - layout_.begin(rank_);
-    gradients_ = reduce_.narrow(0, rank_ * layout_.chunk() + layout_.tail, mine);
+    gradients_ = reduce_.narrow(0, layout_.begin(rank_), mine);
     at::Tensor slice = flat_.narrow(0, layout_.begin(rank_), mine).detach();
     slice.set_requires_grad(true);
     slice.mutable_grad() = gradients_;
     stepped_.push_back(slice);
   }
 
-  void begin() override { reduce_.zero_(); }
+  void begin() override {
+    reduce_.zero_();
+    if (bucketed_) bucketed_->begin();
+  }
+  void arm(const at::Tensor& loss) override {
+    if (bucketed_) bucketed_->arm(loss);
+  }
   at::Tensor part(Part part) override {
-    const std::int64_t start = rank_ * layout_.chunk();
-    return part == Part::kBuffers ? reduce_.narrow(0, start, buffer_floats_)
-                                  : reduce_.narrow(0, start + buffer_floats_, control_floats_);
+    const std::int64_t tail = layout_.world * layout_.slice;
+    return part == Part::kBuffers ? reduce_.narrow(0, tail, buffer_floats_)
+                                  : reduce_.narrow(0, tail + buffer_floats_, control_floats_);
   }
   void reduce() override {
-    // This rank's tail into every other chunk: whichever rank a chunk goes to receives every
-    // rank's contribution.
-    const at::Tensor tail = reduce_.narrow(0, rank_ * layout_.chunk(), layout_.tail);
-    for (int j = 0; j < layout_.world; ++j) {
-      if (j != rank_ && layout_.tail > 0)
-        reduce_.narrow(0, j * layout_.chunk(), layout_.tail).copy_(tail);
+    // Every rank issues the same collectives whatever happened to it: the gradients to their
+    // owners, then the tail, whose summed flags decide whether the attempt counts.
+    float* const data = reduce_.data_ptr<float>();
+    const std::int64_t tail = layout_.world * layout_.slice;
+    if (bucketed_) {
+      bucketed_->finish();
+    } else {
+      comm_.reduce_scatter_sum(data, static_cast<std::size_t>(layout_.slice));
     }
-    comm_.reduce_scatter_sum(reduce_.data_ptr<float>(), static_cast<std::size_t>(layout_.chunk()),
-                             "gradient reduce-scatter");
+    comm_.allreduce_sum(data + tail, static_cast<std::size_t>(layout_.tail),
+                        bucketed_ ? bucketed_->tail_label() : tail_label_.c_str());
   }
   at::Tensor gradients() override { return gradients_; }
   const std::vector<at::Tensor>& stepped() const override { return stepped_; }
@@ -200,33 +159,47 @@ class ShardedReduce final : public Reducer {
   const ShardLayout* shards() const override { return &layout_; }
   void warm_up() override {
     reduce_.zero_();
-    comm_.reduce_scatter_sum(reduce_.data_ptr<float>(), static_cast<std::size_t>(layout_.chunk()));
+    comm_.reduce_scatter_sum(reduce_.data_ptr<float>(), static_cast<std::size_t>(layout_.slice));
+    comm_.allreduce_sum(reduce_.data_ptr<float>() + layout_.world * layout_.slice,
+                        static_cast<std::size_t>(layout_.tail));
     comm_.allgather_in_place(flat_.data_ptr<float>(), static_cast<std::size_t>(layout_.slice));
   }
+  Binding binding() const override { return {reduce_, 0, bound_, layout_.slice}; }
+  void send_in_buckets(BucketedReduce& buckets) override { bucketed_ = &buckets; }
 
  private:
+  // Moves each parameter's data into `flat_` and binds its gradient to the same place of
+  // `reduce_`, last parameter first; records where each starts.
+  void bind(const std::vector<at::Tensor>& trainable) {
+    layout_.offsets.assign(trainable.size(), 0);
+    std::int64_t offset = 0;
+    for (std::size_t k = trainable.size(); k-- > 0;) {
+      at::Tensor p = trainable[k];
+      const std::int64_t n = p.numel();
+      at::Tensor place = flat_.narrow(0, offset, n).view(p.sizes());
+      {
+        const at::NoGradGuard no_grad;
+        place.copy_(p);
+      }
+      p.set_data(place);
+      p.mutable_grad() = reduce_.narrow(0, offset, n).view(p.sizes());
+      layout_.offsets[k] = offset;
+      offset += n;
+    }
+  }
+
   comm::Communicator& comm_;
   comm::Communicator& control_comm_;
   int rank_;
   std::int64_t buffer_floats_, control_floats_;
+  std::string tail_label_;
   ShardLayout layout_;
   at::Tensor flat_, reduce_, gradients_;
-  std::vector<at::Tensor> bound_, stepped_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // with our hooks
+  std::vector<at::Tensor> bound_, stepped_;  // bound_: the parameters in binding order
+  BucketedReduce* bucketed_ = nullptr;
 };
 
 }  // namespace
-
-std::vector<std::size_t> ShardLayout::crossing(const std::vector<std::int64_t>& sizes) const {
-  std::vector<std::size_t> which;
-  std::int64_t offset = 0;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] > 0 && slice > 0 && offset / slice != (offset + sizes[i] - 1) / slice)
-      which.push_back(i);
-    offset += sizes[i];
-  }
-  return which;
-}
 
 ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail) {
   ShardLayout layout;
@@ -243,20 +216,19 @@ FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int 
 }
 
 FixedBytes sharded_fixed_bytes(const ShardLayout& layout, int rank, int state_floats) {
-  // A parameter crossing a slice boundary holds no gradient tensor of its own: nothing to add.
   constexpr std::int64_t kFloat = sizeof(float);
-  return {kFloat * layout.world * layout.slice, kFloat * layout.world * layout.chunk(),
+  const std::int64_t padded = layout.world * layout.slice;
+  return {kFloat * padded, kFloat * (padded + layout.tail),
           kFloat * state_floats * (layout.end(rank) - layout.begin(rank))};
 }
 
 std::unique_ptr<Reducer> replicated_reducer(comm::Communicator& comm, ReduceBuffer& buffer,
-                                            BucketedReduce* bucketed,
                                             const std::vector<at::Tensor>& trainable,
                                             ReduceLayout::Handle gradient_region,
                                             ReduceLayout::Handle buffer_region,
                                             ReduceLayout::Handle control_region) {
-  return std::make_unique<ReplicatedReduce>(comm, buffer, bucketed, trainable, gradient_region,
-                                            buffer_region, control_region);
+  return std::make_unique<ReplicatedReduce>(comm, buffer, trainable, gradient_region, buffer_region,
+                                            control_region);
 }
 
 std::unique_ptr<Reducer> sharded_reducer(comm::Communicator& gradient_comm,

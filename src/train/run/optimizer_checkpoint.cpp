@@ -56,12 +56,9 @@ OptimizerCheckpoint::OptimizerCheckpoint(comm::Communicator& comm, OptimizerStep
       trainable_(trainable),
       names_(names),
       kinds_(optimizer.state_kinds()) {
-  std::int64_t offset = 0;
-  for (const auto& p : trainable_) {
-    offsets_.push_back(offset);
-    offset += p.numel();
-  }
   if (!shards_) return;
+  // Where each parameter lies in the sharded flat space (the owners' slices are ranges of it).
+  offsets_ = shards_->offsets;
   for (std::size_t k = 0; k < kinds_.size(); ++k) {
     for (std::size_t i = 0; i < trainable_.size(); ++i) {
       const std::int64_t first = offsets_[i], last = offsets_[i] + trainable_[i].numel();

@@ -1,5 +1,6 @@
-// BucketedReduce: the gradient region all-reduced in buckets while the last micro-batch's
-// backward pass still runs (--overlap), under the same agreement as the one collective.
+// BucketedReduce: the gradient region all-reduced (or, sharded, reduced to the ranks owning it)
+// in buckets while the last micro-batch's backward pass still runs (--overlap), under the same
+// agreement as the one collective.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,9 +47,13 @@ class BucketedReduce {
  public:
   // `parameters`: bound into `buffer` (1-D float; on the host unless `comm` queues its
   // collectives) one after the other from float `offset`, as ReduceBuffer::bind_gradients does.
-  // Starts the communication thread when `comm` does not queue.
+  // `owner_slice` > 0 (--shard optimizer): rank j needs only the sums of the floats
+  // [offset + j * owner_slice, offset + (j + 1) * owner_slice), and a bucket goes as one reduce
+  // to each rank owning some of it instead of an all-reduce. Starts the communication thread
+  // when `comm` does not queue.
   BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std::int64_t offset,
-                 const std::vector<at::Tensor>& parameters, std::int64_t bucket_bytes);
+                 const std::vector<at::Tensor>& parameters, std::int64_t bucket_bytes,
+                 std::int64_t owner_slice = 0);
   ~BucketedReduce();
   BucketedReduce(const BucketedReduce&) = delete;
   BucketedReduce& operator=(const BucketedReduce&) = delete;

@@ -39,13 +39,12 @@ class GradientExchange {
 
   // --shard optimizer on more than one rank.
   bool sharded() const { return sharded_; }
-  // Collective: whether the replicated buffer goes in buckets during the last backward pass
-  // (--overlap; auto: between nodes, on CPUs), then the reducer. Before it, a replicated
-  // exchange has no reducer yet.
+  // Collective: whether the gradients go in buckets during the last backward pass (--overlap;
+  // auto: between nodes, on CPUs), all-reduced or, sharded, reduced to their owners.
   void choose_overlap(bool use_cuda);
   Reducer& reducer() { return *reducer_; }
 
-  // The step's one collective, timed: the seconds since reset_seconds(), this rank's own.
+  // The step's collectives, timed: the seconds since reset_seconds(), this rank's own.
   void reduce();
   void reset_seconds() { seconds_ = 0; }
   double seconds() const { return seconds_; }

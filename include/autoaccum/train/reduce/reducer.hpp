@@ -1,5 +1,5 @@
-// Reducer: the step's one collective, whatever carries it (an all-reduce of one buffer, buckets
-// during the last backward pass, or a reduce-scatter of a sharded buffer).
+// Reducer: the step's collectives, whatever carries them (an all-reduce of one buffer, buckets
+// during the last backward pass, or a sharded buffer reduced to the ranks owning each slice).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,31 +22,30 @@ class BucketedReduce;
 
 // --shard optimizer: rank r of W owns elements [r*S, (r+1)*S) of the flat parameter space
 // (S = ceil(P / W), the last rank's slice shorter or empty), keeps optimizer state only for
-// them, updates them and all-gathers them. The parameters are moved into one flat buffer (each
-// parameter's data becomes a view of it; values unchanged). The gradients travel in W chunks of
-// K + S floats, chunk j = [the tail: buffer changes and control table | slice j's gradients]:
-// every rank writes its tail into every chunk, so the reduce-scatter that gives rank j its
-// gradient slice also gives it the whole summed tail, and the agreement stays in the step's one
-// collective. A parameter whose elements cross a slice boundary cannot have one view for its
-// gradient: backward's gradient for it is added into the pieces of the chunks it crosses by a
-// hook before its accumulator, which then adds nothing (no gradient tensor of its own, no copy).
+// them, updates them and all-gathers them. The parameters are moved into one flat buffer in
+// reverse order (backward makes the last layers' gradients first, and buckets go in the
+// buffer's order), each keeping its identity (the model and the optimizer hold the same
+// tensors), only its data now a view. Their gradients are views of a flat buffer of the same
+// layout, followed by the tail (buffer changes and control table): the gradients are
+// reduce-scattered (or reduced bucket by bucket to the ranks owning them, during the last
+// backward pass, with --overlap), then the tail is all-reduced, the step's last collective,
+// whose flags every rank decides on. No gradient of any parameter exists outside that buffer.
 struct ShardLayout {
   int world = 1;
   std::int64_t elements = 0;  // P: trainable parameter elements
   std::int64_t slice = 0;     // S: floats per slice
   std::int64_t tail = 0;      // K: buffer changes + control table
-  std::int64_t chunk() const { return tail + slice; }
+  // Where each trainable parameter (in the order given) starts in the flat space.
+  std::vector<std::int64_t> offsets;
   std::int64_t begin(int rank) const { return std::min(elements, slice * rank); }
   std::int64_t end(int rank) const { return std::min(elements, slice * (rank + 1)); }
-  // The parameters (sizes in order) whose elements cross a slice boundary.
-  std::vector<std::size_t> crossing(const std::vector<std::int64_t>& sizes) const;
 };
 ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail);
 
 // What a rank holds whatever its micro-batch (the memory model's fixed part), counted from the
 // sizes: the trainable parameters, the gradients' buffer (with the tail) and the optimizer's state
 // (`state_floats` per element it steps: 2 for AdamW, 1 for SGD with momentum, 0 without). Frozen
-// parameters are the caller's to add.
+// parameters are the caller's to add. Sharded, parameters and gradients are padded to W * S.
 struct FixedBytes {
   std::int64_t parameters = 0, gradients = 0, optimizer = 0;
   std::int64_t total() const { return parameters + gradients + optimizer; }
@@ -70,7 +69,7 @@ class Reducer {
   virtual void arm(const at::Tensor& loss) { (void)loss; }
   // Before reduce(): this rank's contribution (written in place); after: the sum over ranks.
   virtual at::Tensor part(Part part) = 0;
-  // The step's one collective. Every rank calls it once per attempt, whatever happened to it.
+  // The step's collectives. Every rank calls it once per attempt, whatever happened to it.
   virtual void reduce() = 0;
   // After reduce(): the summed gradients this rank updates (all of them, or its slice).
   virtual at::Tensor gradients() = 0;
@@ -87,15 +86,27 @@ class Reducer {
   // One collective of the whole (zero) buffer, before the first step: NCCL allocates its own
   // device buffers at the first collective, and a GPU too full for them fails here.
   virtual void warm_up() = 0;
-  // --shard optimizer: which rank owns which elements of the parameters (in the order of the
-  // trainable parameters); null when every rank holds everything.
+  // --shard optimizer: which rank owns which elements of the parameters; null when every rank
+  // holds everything.
   virtual const ShardLayout* shards() const { return nullptr; }
+
+  // --overlap: the gradients as bound (the buffer; the float where the first bound parameter's
+  // gradient starts; the parameters in binding order; the floats each rank owns from there, 0
+  // when every rank holds every sum), for a BucketedReduce made over them; after
+  // send_in_buckets() the reducer sends the gradients through it, then the tail.
+  struct Binding {
+    at::Tensor buffer;
+    std::int64_t offset = 0;
+    std::vector<at::Tensor> parameters;
+    std::int64_t owner_slice = 0;
+  };
+  virtual Binding binding() const = 0;
+  virtual void send_in_buckets(BucketedReduce& buckets) = 0;
 };
 
-// Every rank holds every gradient: one all-reduce of the whole buffer, or buckets during the
-// last backward pass (`bucketed`, optional) and then the tail.
+// Every rank holds every gradient: one all-reduce of the whole buffer (or buckets during the
+// last backward pass, then the tail, once send_in_buckets() was called).
 std::unique_ptr<Reducer> replicated_reducer(comm::Communicator& comm, ReduceBuffer& buffer,
-                                            BucketedReduce* bucketed,
                                             const std::vector<at::Tensor>& trainable,
                                             ReduceLayout::Handle gradient_region,
                                             ReduceLayout::Handle buffer_region,
