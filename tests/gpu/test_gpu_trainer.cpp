@@ -230,10 +230,11 @@ TEST_F(GpuTrainerTest, OverlapQueuedOnNcclsStreamEqualsTheOneCollective) {
   }
 }
 
-// --shard optimizer on GPUs: the gradients reduce-scattered and the parameters all-gathered on
-// NCCL's communicator (ncclReduceScatter, ncclAllGather in place), the agreement in every chunk:
-// an out-of-memory on the last rank halves every rank, and the parameters equal the unsharded
-// run's, with AdamW and clipping.
+// --shard optimizer on GPUs: the gradients reduce-scattered (or, with --overlap on, buckets
+// queued as ncclReduce to their owners on NCCL's stream during the last backward pass), the
+// step's control values all-reduced after them and the parameters all-gathered on NCCL's
+// communicator: an out-of-memory on the last rank halves every rank, and the parameters equal
+// the unsharded run's, with AdamW and clipping.
 TEST_F(GpuTrainerTest, ShardedOnNcclEqualsTheUnshardedRun) {
   if (!comm::nccl_built()) GTEST_SKIP() << "built without NCCL";
   TrainOptions o = base(512 * world.size(), 4);
@@ -243,28 +244,40 @@ TEST_F(GpuTrainerTest, ShardedOnNcclEqualsTheUnshardedRun) {
   o.lr = 0.001;
   o.weight_decay = 0.1;
   o.clip_grad_norm = 0.5;
+  o.bucket_mib = 0.01;
   o.inject_oom = {memory::OomInjection{world.size() - 1, 64, 1, false}};
-  const auto train = [&](const std::string& shard) {
+  const auto train = [&](const std::string& shard, const std::string& overlap) {
     o.shard = shard;
-    o.run_log = dir + "/gpu-shard-" + shard + ".h5";
+    o.overlap = overlap;
+    o.run_log = dir + "/gpu-shard-" + shard + "-" + overlap + ".h5";
     Trainer t(o, world);
     const TrainResult r = t.run();
-    EXPECT_EQ(r.steps_done, 4) << shard;
-    EXPECT_EQ(r.final_micro_batch, 64) << shard;
+    EXPECT_EQ(r.steps_done, 4) << shard << " " << overlap;
+    EXPECT_EQ(r.final_micro_batch, 64) << shard << " " << overlap;
     std::vector<at::Tensor> parameters;
     for (const auto& p : t.model().parameters())
       parameters.push_back(p.detach().to(at::kCPU));
     return parameters;
   };
-  const auto whole = train("none");
-  const auto sharded = train("optimizer");
+  const auto whole = train("none", "off");
+  const auto sharded = train("optimizer", "off");
+  const auto bucketed = train("optimizer", "on");
   if (world.rank() == 0 && world.size() > 1) {
-    const auto log = io::read_run_log(dir + "/gpu-shard-optimizer.h5");
+    const auto log = io::read_run_log(dir + "/gpu-shard-optimizer-off.h5");
     EXPECT_EQ(log.attribute("shard"), "optimizer");
+    const auto overlapped = io::read_run_log(dir + "/gpu-shard-optimizer-on.h5");
+    EXPECT_NE(overlapped.attribute("overlap").find("reduced to the ranks owning each slice"),
+              std::string::npos)
+        << overlapped.attribute("overlap");
+    EXPECT_NE(overlapped.attribute("overlap").find("queued on NCCL's stream"), std::string::npos)
+        << overlapped.attribute("overlap");
   }
   ASSERT_EQ(sharded.size(), whole.size());
-  for (std::size_t i = 0; i < sharded.size(); ++i)
+  ASSERT_EQ(bucketed.size(), whole.size());
+  for (std::size_t i = 0; i < sharded.size(); ++i) {
     EXPECT_LE(relative_error(sharded[i], whole[i]), 1e-6) << "parameter " << i;
+    EXPECT_LE(relative_error(bucketed[i], whole[i]), 1e-6) << "parameter " << i << " (overlap)";
+  }
 }
 
 }  // namespace
