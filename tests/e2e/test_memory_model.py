@@ -326,6 +326,67 @@ except ImportError:  # python3-torchvision (jobs/setup.sh installs it)
 
 
 @unittest.skipUnless(torchvision, "python3-torchvision is not installed")
+class OptimizerStepEdge(TempDirTest):
+    """Issue 55: no run whose set-up said it fits runs out of memory in its optimizer step. The
+    per-rank limit walks down through the edge, at 2 ranks, unsharded and sharded, for AdamW
+    with weight decay and clipping (its temporaries: the step's pieces) and for SGD with
+    momentum (none): the edge (12, 9 and 8 MiB here) is bisected to 1/2 MiB, then the limits
+    1/16 and 1/4 MiB above the last one refused run.
+    Every run either trains its steps (exit 0, micro-batch search included) or is refused
+    before its first step (exit 3, one line); none ends in the optimizer step."""
+    prefix = "autoaccum-optimizer-edge-"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.data = cls.path("synth.h5")
+        r = autoaccum(1, "synth", "--out", cls.data, "--rows", 256, "--features", 784,
+                      "--classes", 10, "--seed", 3)
+        assert r.returncode == 0, r
+
+    def trains(self, kib, *args):
+        r = autoaccum(2, "train", "--data", self.data, "--model", "mlp", "--hidden", "512,512",
+                      "--global-batch", 64, "--steps", 1, "--threads", 1, "--log-every", 0,
+                      "--memory-limit", f"{kib}KiB", *args, timeout=120)
+        said = r.stdout + r.stderr
+        self.assertNotIn("in the optimizer step", said, f"{kib} KiB {args}")
+        self.assertIn(r.returncode, (0, 3), said)
+        if r.returncode == 3:
+            errors = um.error_lines(r)
+            self.assertTrue(errors, said)
+            self.assertTrue(all(line == errors[0] for line in errors), said)
+            self.assertRegex(errors[0], r"do not fit in memory|does not fit", said)
+        return r.returncode == 0
+
+    def test_every_run_that_passes_set_up_takes_its_optimizer_steps(self):
+        # Below the parameters themselves (2.6 MiB): refused as the model is built, in one line.
+        self.assertFalse(self.trains(2048))
+        errors = um.error_lines(autoaccum(2, "train", "--data", self.data, "--model", "mlp",
+                                          "--hidden", "512,512", "--steps", 1, "--memory-limit",
+                                          "2MiB"))
+        self.assertEqual(len(set(errors)), 1, errors)
+        self.assertIn("the model's parameters do not fit in memory (limit 2.0 MiB per rank); "
+                      "raise --memory-limit", errors[0])
+        cases = [("adamw", ["--optimizer", "adamw", "--weight-decay", 0.1, "--clip-grad-norm",
+                            1.0, "--lr", 0.001]),
+                 ("sgd", ["--optimizer", "sgd", "--momentum", 0.9, "--lr", 0.01])]
+        for name, args, shard in [(*cases[0], "none"), (*cases[0], "optimizer"),
+                                  (*cases[1], "none")]:
+            with self.subTest(optimizer=name, shard=shard):
+                run = lambda kib: self.trains(kib, *args, "--shard", shard)
+                low, high = 4096, 16384  # KiB: low is refused, high trains
+                self.assertFalse(run(low))
+                self.assertTrue(run(high))
+                while high - low > 512:
+                    middle = (low + high) // 2
+                    if run(middle):
+                        high = middle
+                    else:
+                        low = middle
+                for above in (64, 256):
+                    run(low + above)
+
+
 class TorchvisionResNet(TempDirTest):
     """A model nobody here wrote: torchvision's resnet18 (11.2M parameters, BatchNorm), scripted,
     trained with AdamW on 3x32x32 images."""

@@ -69,6 +69,23 @@ ThreadChoice choose_threads(int requested, int local_ranks) {
           std::to_string(cores) + " cores / " + std::to_string(ranks) + " rank(s) on the node"};
 }
 
+// Runs `make`; an out-of-memory in it becomes one line saying that `what` does not fit under
+// `limit`, exit code 3 (under collectively(), every rank ends so).
+template <class Make>
+void within_memory(const std::string& what, const std::string& limit, Make&& make) {
+  memory::OomWatch watch;
+  try {
+    make();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (!watch.explains(e)) throw;
+    throw Error(what + " do not fit in memory (limit " + limit +
+                    "); raise --memory-limit or use a smaller model",
+                ExitCode::kOutOfMemory);
+  }
+}
+
 }  // namespace
 
 Trainer::State::WatchdogRelease::~WatchdogRelease() {
@@ -271,7 +288,8 @@ void Trainer::State::build_model() {
       return n;
     }();
     torch::manual_seed(o.seed);  // the same initial parameters on every rank
-    built = make_model(spec);
+    within_memory("the model's parameters", sizing.limits().text({rank}),
+                  [&] { built = make_model(spec); });
   });
   // Rank 0's initial parameters and buffers everywhere (equal by seeding or by the file; this
   // makes it certain). Broadcast on the host, before the model moves to its device.
@@ -282,7 +300,8 @@ void Trainer::State::build_model() {
   }
   if (context.use_cuda) {
     comm::collectively(comm, [&] {
-      built->to(context.device);
+      within_memory("the model's parameters", sizing.limits().text({rank}),
+                    [&] { built->to(context.device); });
       feed.reader().set_pinned(true);
       if (feed.validation()) feed.validation()->set_pinned(true);
     });
@@ -382,8 +401,10 @@ void Trainer::State::run_trial(const data::Batch& rows) {
 // once: a model that cannot hold them fails here, with exit code 3, not inside a step.
 void Trainer::State::allocate_step_state() {
   comm::collectively(comm, [&] {
-    memory::OomWatch watch;
-    try {
+    const std::string what =
+        "the model's parameters, gradients and optimizer state (with room for the optimizer "
+        "step's temporaries)";
+    within_memory(what, sizing.limits().text({rank}), [&] {
       GradientExchange::Sizes sizes;
       sizes.buffer_floats = bundle->state().reduce_count();
       sizes.control_floats = StepRunner::control_floats(world);
@@ -400,16 +421,7 @@ void Trainer::State::allocate_step_state() {
       // none fails here, not in its first optimizer step.
       (void)at::empty({optimizer->temporary_bytes()},
                       at::TensorOptions(context.device).dtype(at::kByte));
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      if (!watch.explains(e)) throw;
-      throw Error(
-          "the model's parameters, gradients and optimizer state (with room for the optimizer "
-          "step's temporaries) do not fit in memory (limit " +
-              sizing.limits().text({rank}) + "); raise --memory-limit or use a smaller model",
-          ExitCode::kOutOfMemory);
-    }
+    });
   });
   if (options.shard == "optimizer" && world == 1)
     reporter.note(
