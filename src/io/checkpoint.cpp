@@ -238,8 +238,13 @@ Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
     if (file.has_attribute("optimizer_kind")) {
       c.optimizer_kind = file.read_string_attribute("optimizer_kind");
       c.optimizer_step = file.read_int_attribute("optimizer_step");
-      for (const auto& name : names_under(file, "optimizer"))
-        c.optimizer_state.emplace_back(name, read_tensor(file, "optimizer/" + name, verifier));
+      // Left in the file (a second handle, kept by the tensors' readers): each rank reads its
+      // own slice of them.
+      const auto kept = std::make_shared<hdf5::File>(hdf5::File::open(path));
+      for (const auto& name : names_under(file, "optimizer")) {
+        c.optimizer_state.push_back(stored_tensor(kept, "optimizer/" + name, verifier));
+        c.optimizer_state.back().name = name;
+      }
     }
     c.verified = verifier.verified();
     c.verified_datasets = verifier.checked();
@@ -250,6 +255,13 @@ Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
     // HDF5's own failures: a truncated file, a dataset missing.
     throw CheckpointDamaged("checkpoint '" + path + "' cannot be read: " + e.what());
   }
+}
+
+std::int64_t Checkpoint::StoredTensor::numel() const {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape)
+    n *= d;
+  return n;
 }
 
 }  // namespace autoaccum::io

@@ -114,6 +114,37 @@ at::Tensor read_tensor(const hdf5::File& file, const std::string& name, Verifier
   return t;
 }
 
+Checkpoint::StoredTensor stored_tensor(const std::shared_ptr<hdf5::File>& file,
+                                       const std::string& name, Verifier& verifier) {
+  const hdf5::Dataset dataset = file->dataset(name);
+  if (dataset.dtype() != hdf5::DType::kFloat32)
+    throw CheckpointDamaged("checkpoint '" + file->path() + "': dataset '" + name + "' is " +
+                            dataset.dtype_name() + ", not float32");
+  Checkpoint::StoredTensor t;
+  t.shape = dataset.shape();
+  const std::int64_t numel = t.numel();
+  const std::int64_t rows = numel > 0 ? t.shape.at(0) : 0;
+  const std::int64_t per_row = rows > 0 ? numel / rows : 0;
+  verifier.verify_in_pieces(dataset, rows, per_row * static_cast<std::int64_t>(sizeof(float)),
+                            hdf5::DType::kFloat32);
+  t.read = [file, name, per_row](std::int64_t first, std::int64_t count, float* out) {
+    if (count <= 0) return;
+    // The rows that hold the elements: at most one partial row at each end beyond them.
+    const std::int64_t row0 = first / per_row;
+    const std::int64_t row1 = (first + count + per_row - 1) / per_row;
+    const hdf5::Dataset d = file->dataset(name);
+    const std::int64_t skip = first - row0 * per_row;
+    if (skip == 0 && (row1 - row0) * per_row == count) {
+      d.read_rows(row0, row1 - row0, hdf5::DType::kFloat32, out);
+      return;
+    }
+    std::vector<float> rows_read(static_cast<std::size_t>((row1 - row0) * per_row));
+    d.read_rows(row0, row1 - row0, hdf5::DType::kFloat32, rows_read.data());
+    std::copy_n(rows_read.begin() + skip, count, out);
+  };
+  return t;
+}
+
 std::vector<std::string> names_under(const hdf5::File& file, const std::string& group) {
   std::vector<std::string> out;
   // The HDF5 layer lists only the root, so names are recorded in an attribute at write time.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,25 @@ class Verifier {
     compare(dataset, sum.text());
   }
 
+  // Checks all `rows` of `dataset` (of `row_bytes` each, as `type`) in pieces of at most 32 MiB
+  // read into one buffer, keeping nothing: for a tensor read later in slices.
+  void verify_in_pieces(const hdf5::Dataset& dataset, std::int64_t rows, std::int64_t row_bytes,
+                        hdf5::DType type) {
+    if (!required_) return;
+    constexpr std::int64_t kPiece = std::int64_t{32} << 20;
+    const std::int64_t step =
+        std::max<std::int64_t>(1, kPiece / std::max<std::int64_t>(1, row_bytes));
+    std::vector<unsigned char> piece(
+        static_cast<std::size_t>(std::min(rows, step) * std::max<std::int64_t>(row_bytes, 0)));
+    Checksum sum;
+    for (std::int64_t first = 0; first < rows; first += step) {
+      const std::int64_t count = std::min(step, rows - first);
+      dataset.read_rows(first, count, type, piece.data());
+      sum.add(piece.data(), static_cast<std::size_t>(count * row_bytes));
+    }
+    compare(dataset, sum.text());
+  }
+
   bool verified() const { return required_; }
   std::int64_t checked() const { return checked_; }
 
@@ -135,6 +155,10 @@ std::int64_t stored_bytes(const at::Tensor& t);
 void write_tensor(hdf5::File& file, const std::string& name, const at::Tensor& tensor,
                   const WrittenSums& sums);
 at::Tensor read_tensor(const hdf5::File& file, const std::string& name, Verifier& verifier);
+// The float32 dataset `name` of `file` verified in pieces and left in the file, read on demand
+// through `file` (kept open by the returned tensor's reader).
+Checkpoint::StoredTensor stored_tensor(const std::shared_ptr<hdf5::File>& file,
+                                       const std::string& name, Verifier& verifier);
 // The names of a group's datasets, as the root attribute `<group>_names` lists them.
 std::vector<std::string> names_under(const hdf5::File& file, const std::string& group);
 void write_integers(hdf5::File& file, const std::string& name,

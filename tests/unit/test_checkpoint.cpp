@@ -115,9 +115,23 @@ TEST(Checkpoint, OptimizerStateStreamedInPiecesOfAnySizeReadsBackWholePerParamet
   EXPECT_EQ(back.optimizer_step, 3);
   EXPECT_TRUE(back.optimizer.empty()) << "no LibTorch archive any more";
   ASSERT_EQ(back.optimizer_state.size(), 2u);
-  EXPECT_EQ(back.optimizer_state[0].first, "exp_avg/w");
-  EXPECT_TRUE(torch::equal(back.optimizer_state[0].second, w));
-  EXPECT_TRUE(torch::equal(back.optimizer_state[1].second, v));
+  EXPECT_EQ(back.optimizer_state[0].name, "exp_avg/w");
+  EXPECT_EQ(back.optimizer_state[0].shape, (std::vector<std::int64_t>{300, 7}));
+  // Read back whole, and in slices that start and end inside rows (as a rank's slice does):
+  // the same elements.
+  const auto read = [](const Checkpoint::StoredTensor& t, std::int64_t first, std::int64_t n) {
+    at::Tensor out = at::empty({n}, at::kFloat);
+    t.read(first, n, out.data_ptr<float>());
+    return out;
+  };
+  EXPECT_TRUE(torch::equal(read(back.optimizer_state[0], 0, 2100), w.reshape(-1)));
+  EXPECT_TRUE(torch::equal(read(back.optimizer_state[1], 0, 11), v));
+  for (const auto& [first, n] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {0, 7}, {3, 4}, {5, 700}, {699, 1}, {1000, 1100}, {2099, 1}}) {
+    EXPECT_TRUE(
+        torch::equal(read(back.optimizer_state[0], first, n), w.reshape(-1).narrow(0, first, n)))
+        << first << " " << n;
+  }
   // A fill that gives fewer elements than the shape is an internal error; nothing is written.
   c.streamed_optimizer[1].fill = pieces(v.narrow(0, 0, 10), {10});
   EXPECT_THROW(write_checkpoint(path, c), Error);

@@ -62,7 +62,18 @@ struct Checkpoint {
   // with optimizer_kind ("sgd", "adamw") and optimizer_step (AdamW's steps taken).
   std::string optimizer_kind;
   std::int64_t optimizer_step = 0;
-  std::vector<std::pair<std::string, at::Tensor>> optimizer_state;  // read back: "kind/name"
+  // Read back: each optimizer tensor ("kind/name") verified when the file was read, but left in
+  // it: `read(first, count, out)` copies float32 elements [first, first + count) of the
+  // flattened tensor into `out`, reading only the rows that hold them, so a rank takes its
+  // slice (or, unsharded, the whole state in pieces) without a second copy of the whole. The
+  // file stays open while one of them is held.
+  struct StoredTensor {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    std::int64_t numel() const;
+    std::function<void(std::int64_t first, std::int64_t count, float* out)> read;
+  };
+  std::vector<StoredTensor> optimizer_state;
   // For writing: float32 tensors given in pieces as they come (from the ranks that own them
   // under --shard optimizer), never whole in memory. `fill` calls `piece` with the elements in
   // order, in pieces of any size, once.

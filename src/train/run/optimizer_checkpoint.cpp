@@ -127,32 +127,45 @@ std::string OptimizerCheckpoint::load(const io::Checkpoint& c) {
     for (std::size_t i = 0; i < trainable_.size(); ++i) {
       const std::string name = kind + "/" + names_[i];
       const auto it = std::find_if(c.optimizer_state.begin(), c.optimizer_state.end(),
-                                   [&](const auto& s) { return s.first == name; });
+                                   [&](const auto& s) { return s.name == name; });
       if (it == c.optimizer_state.end())
         return "optimizer state does not match the model: 'optimizer/" + name + "' is missing";
-      const at::Tensor whole = it->second;
-      if (whole.numel() != trainable_[i].numel())
+      if (it->numel() != trainable_[i].numel())
         return "optimizer state does not match the model: 'optimizer/" + name + "' has " +
-               std::to_string(whole.numel()) + " elements, the parameter " +
+               std::to_string(it->numel()) + " elements, the parameter " +
                std::to_string(trainable_[i].numel());
       if (!shards_) {
-        at::Tensor state = optimizer_.state(i, kind);
-        state.copy_(whole.view(state.sizes()));
+        read_into(*it, 0, optimizer_.state(i, kind).view(-1));
         continue;
       }
-      // This rank's part of the parameter, if any.
+      // This rank's part of the parameter, if any: only it is read.
       const int rank = comm_.rank();
       const std::int64_t first = offsets_[i], last = first + trainable_[i].numel();
       const std::int64_t begin = std::max(first, shards_->begin(rank));
       const std::int64_t end = std::min(last, shards_->end(rank));
       if (begin >= end) continue;
-      at::Tensor mine = optimizer_.state(0, kind);
-      mine.narrow(0, begin - shards_->begin(rank), end - begin)
-          .copy_(whole.reshape(-1).narrow(0, begin - first, end - begin));
+      read_into(*it, begin - first,
+                optimizer_.state(0, kind).narrow(0, begin - shards_->begin(rank), end - begin));
     }
   }
   optimizer_.set_step_count(c.optimizer_step);
   return "";
+}
+
+void OptimizerCheckpoint::read_into(const io::Checkpoint::StoredTensor& stored, std::int64_t from,
+                                    at::Tensor out) {
+  // Straight into the state when it is contiguous host memory; else through one host piece.
+  const std::int64_t n = out.numel();
+  if (out.device().is_cpu() && out.is_contiguous()) {
+    stored.read(from, n, out.data_ptr<float>());
+    return;
+  }
+  std::vector<float> host(static_cast<std::size_t>(std::min(n, kPieceFloats)));
+  for (std::int64_t done = 0; done < n; done += kPieceFloats) {
+    const std::int64_t count = std::min(kPieceFloats, n - done);
+    stored.read(from + done, count, host.data());
+    out.narrow(0, done, count).copy_(at::from_blob(host.data(), {count}, at::kFloat));
+  }
 }
 
 }  // namespace autoaccum::train

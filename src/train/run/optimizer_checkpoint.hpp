@@ -20,7 +20,8 @@ namespace autoaccum::train {
 // rank 0 writes its own state. With --shard optimizer each piece (one owner's part of one
 // parameter's state, at most 64 MiB) is broadcast by its owner while rank 0 writes: every rank
 // makes the same broadcasts in the same order, and no rank holds more than its slice and one
-// piece. On resume each rank takes its slice (or everything) from the whole tensors read.
+// piece. On resume each rank reads only its slice (or everything, unsharded) from the file,
+// straight into its state (through one host piece when the state is on a GPU).
 class OptimizerCheckpoint {
  public:
   // `trainable` in the optimizer's (and the shard layout's) order, with their names.
@@ -45,6 +46,9 @@ class OptimizerCheckpoint {
     std::int64_t offset, count;  // in the flat parameter space
   };
   void take(const Piece& piece, std::vector<float>& host);
+  // Elements [from, from + out.numel()) of `stored` into the 1-D `out`.
+  static void read_into(const io::Checkpoint::StoredTensor& stored, std::int64_t from,
+                        at::Tensor out);
 
   comm::Communicator& comm_;
   OptimizerStep& optimizer_;
