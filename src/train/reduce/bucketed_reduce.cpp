@@ -55,6 +55,10 @@ std::string collective_name(const comm::Communicator& comm, bool to_owners) {
 
 }  // namespace
 
+std::string control_values_label(const comm::Communicator& comm) {
+  return collective_name(comm, false) + " of the step's control values";
+}
+
 struct BucketedReduce::Shared {
   comm::Communicator& comm;
   at::Tensor buffer;  // kept alive while the thread may still write into it
@@ -213,7 +217,7 @@ BucketedReduce::BucketedReduce(comm::Communicator& comm, at::Tensor buffer, std:
     s.labels.push_back(collective_name(comm, owner_slice > 0) + " of gradient bucket " +
                        std::to_string(b + 1) + " of " + std::to_string(s.buckets.size()));
   }
-  s.tail_label = collective_name(comm, false) + " of the step's control values";
+  s.tail_label = control_values_label(comm);
   s.pending = std::make_unique<std::atomic<int>[]>(s.buckets.size());
   s.arrived = std::make_unique<std::atomic<bool>[]>(parameters.size());
   s.ready.assign(s.buckets.size(), 0);

@@ -13,13 +13,6 @@
 namespace autoaccum::train {
 namespace {
 
-// How a timeout names the all-reduce of the step's tail when it is sent alone.
-std::string tail_label(const comm::Communicator& comm) {
-  return std::string(comm.backend() == "nccl" ? "ncclAllReduce(float, sum)"
-                                              : "MPI_Allreduce(float, sum)") +
-         " of the step's control values";
-}
-
 class ReplicatedReduce final : public Reducer {
  public:
   ReplicatedReduce(comm::Communicator& comm, ReduceBuffer& buffer,
@@ -90,7 +83,7 @@ class ShardedReduce final : public Reducer {
         rank_(gradient_comm.rank()),
         buffer_floats_(buffer_floats),
         control_floats_(control_floats),
-        tail_label_(tail_label(gradient_comm)),
+        tail_label_(control_values_label(gradient_comm)),
         bound_(trainable.rbegin(), trainable.rend()) {
     std::int64_t elements = 0;
     for (const auto& p : trainable) {

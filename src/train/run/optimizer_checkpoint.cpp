@@ -57,11 +57,9 @@ OptimizerCheckpoint::OptimizerCheckpoint(comm::Communicator& comm, OptimizerStep
       names_(names),
       kinds_(optimizer.state_kinds()) {
   if (!shards_) return;
-  // Where each parameter lies in the sharded flat space (the owners' slices are ranges of it).
-  offsets_ = shards_->offsets;
   for (std::size_t k = 0; k < kinds_.size(); ++k) {
     for (std::size_t i = 0; i < trainable_.size(); ++i) {
-      const std::int64_t first = offsets_[i], last = offsets_[i] + trainable_[i].numel();
+      const std::int64_t first = shards_->offsets[i], last = first + trainable_[i].numel();
       for (int owner = 0; owner < shards_->world; ++owner) {
         const std::int64_t begin = std::max(first, shards_->begin(owner));
         const std::int64_t end = std::min(last, shards_->end(owner));
@@ -140,7 +138,7 @@ std::string OptimizerCheckpoint::load(const io::Checkpoint& c) {
       }
       // This rank's part of the parameter, if any: only it is read.
       const int rank = comm_.rank();
-      const std::int64_t first = offsets_[i], last = first + trainable_[i].numel();
+      const std::int64_t first = shards_->offsets[i], last = first + trainable_[i].numel();
       const std::int64_t begin = std::max(first, shards_->begin(rank));
       const std::int64_t end = std::min(last, shards_->end(rank));
       if (begin >= end) continue;

@@ -55,7 +55,6 @@ class OptimizerCheckpoint {
   const ShardLayout* shards_;
   std::vector<at::Tensor> trainable_;
   std::vector<std::string> names_;
-  std::vector<std::int64_t> offsets_;  // each parameter's first element in the flat space
   std::vector<std::string> kinds_;
   std::vector<Piece> pieces_;  // sharded: every piece, in the order the file lists them
   std::size_t next_ = 0;

@@ -21,6 +21,10 @@ struct Bucket {
   std::size_t first = 0, last = 0;  // the parameters [first, last) in binding order
 };
 
+// How a timeout names the all-reduce of the step's control values on `comm` (after the buckets,
+// or after a sharded step's reduce-scatter).
+std::string control_values_label(const comm::Communicator& comm);
+
 // Cuts parameters of `sizes` floats, bound one after the other from `offset`, into buckets of at
 // least `bucket_floats` floats each (the last one may be smaller; a parameter larger than a bucket
 // makes a bucket of its own once it is reached). Every parameter is in exactly one bucket; the
