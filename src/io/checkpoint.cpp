@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "autoaccum/core/atomic_write.hpp"
 #include "autoaccum/core/checksum.hpp"
@@ -120,6 +122,78 @@ void write_attributes(hdf5::File& file, const Checkpoint& c) {
   }
 }
 
+// The root attributes and the small datasets beside them (sizes, shares, the memory and time
+// models).
+void read_attributes(hdf5::File& file, Verifier& verifier, Checkpoint& c) {
+  c.step = file.read_int_attribute("step");
+  c.epoch = file.read_int_attribute("epoch");
+  c.micro_batch = file.read_int_attribute("micro_batch");
+  c.micro_batches = read_integers(file, "micro_batches", verifier);
+  c.shares = read_integers(file, "shares", verifier);
+  c.shares_after = read_integers(file, "shares_after", verifier);
+  c.shares_followed = read_integers(file, "shares_followed", verifier);
+  c.memory_models = read_memory_models(file, verifier, c.time_fits);
+  read_time_fits(file, verifier, c.time_fits);
+  c.world_size = file.read_int_attribute("world_size");
+  c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
+  if (file.has_attribute("loss_scale")) {
+    const hdf5::AttributeValue scale = file.attribute_value("loss_scale");
+    if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
+    c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
+  }
+  if (file.has_attribute("replica_fingerprints"))
+    c.replica_fingerprints = file.read_string_list_attribute("replica_fingerprints");
+  if (file.has_attribute("data_global_batch")) {
+    c.data.global_batch = file.read_int_attribute("data_global_batch");
+    if (file.has_attribute("data_global_batch_tokens"))
+      c.data.global_batch_tokens = file.read_int_attribute("data_global_batch_tokens");
+    c.data.shuffle = file.read_string_attribute("data_shuffle");
+    c.data.rows = file.read_int_attribute("data_rows");
+    c.data.files = file.read_string_list_attribute("data_files");
+    c.data.fingerprint = file.read_string_attribute("data_fingerprint");
+    c.data.batch_in_epoch = file.read_int_attribute("data_batch_in_epoch");
+  }
+}
+
+// The tensors: buffers, generator states and LibTorch's archive read whole; the parameters read
+// whole or left in the file (`parameters`), the per-parameter optimizer state left in it.
+void read_tensors(hdf5::File& file, const std::string& path, Verifier& verifier,
+                  Parameters parameters, Checkpoint& c) {
+  // Left in the file (a second handle, kept by the tensors' readers): the parameters where
+  // the caller reads them into its model, and the optimizer state, each rank its own slice.
+  std::shared_ptr<hdf5::File> kept;
+  const auto keep = [&] {
+    if (!kept) kept = std::make_shared<hdf5::File>(hdf5::File::open(path));
+    return kept;
+  };
+  for (const auto& name : names_under(file, "params")) {
+    if (parameters == Parameters::kInFile &&
+        file.dataset("params/" + name).dtype() == hdf5::DType::kFloat32) {
+      c.stored_params.push_back(stored_tensor(keep(), "params/" + name, verifier));
+      c.stored_params.back().name = name;
+    } else {
+      c.params.emplace_back(name, read_tensor(file, "params/" + name, verifier));
+    }
+  }
+  for (const auto& name : names_under(file, "buffers")) {
+    c.buffers.emplace_back(name, read_tensor(file, "buffers/" + name, verifier));
+  }
+  const std::int64_t rng_ranks =
+      file.has_attribute("rng_ranks") ? file.read_int_attribute("rng_ranks") : 0;
+  for (std::int64_t r = 0; r < rng_ranks; ++r)
+    c.generator_states.push_back(read_bytes(file, "rng/rank" + std::to_string(r), verifier));
+  if (file.has_dataset("optimizer/state"))
+    c.optimizer = read_bytes(file, "optimizer/state", verifier);
+  if (file.has_attribute("optimizer_kind")) {
+    c.optimizer_kind = file.read_string_attribute("optimizer_kind");
+    c.optimizer_step = file.read_int_attribute("optimizer_step");
+    for (const auto& name : names_under(file, "optimizer")) {
+      c.optimizer_state.push_back(stored_tensor(keep(), "optimizer/" + name, verifier));
+      c.optimizer_state.back().name = name;
+    }
+  }
+}
+
 }  // namespace
 
 std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int keep,
@@ -158,7 +232,8 @@ std::int64_t write_checkpoint(const std::string& path, const Checkpoint& c, int 
   return written;
 }
 
-std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) {
+std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path,
+                                                       Parameters parameters) {
   std::vector<std::string> candidates;
   const bool have_newest = ::access(path.c_str(), F_OK) == 0;
   if (have_newest) candidates.push_back(path);
@@ -174,7 +249,7 @@ std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) 
                                       "hard links)"});
   for (const auto& candidate : candidates) {
     try {
-      loaded.checkpoint = read_checkpoint(candidate);
+      loaded.checkpoint = read_checkpoint(candidate, Checksums::kOn, parameters);
       loaded.path = candidate;
       return loaded;
     } catch (const std::exception& e) {
@@ -187,7 +262,7 @@ std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path) 
   throw CheckpointDamaged("--resume: no checkpoint of '" + path + "' reads whole: " + all);
 }
 
-Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
+Checkpoint read_checkpoint(const std::string& path, Checksums verify, Parameters parameters) {
   try {
     auto file = hdf5::File::open(path);
     if (!file.has_attribute("format") || file.read_string_attribute("format") != kFormat) {
@@ -195,57 +270,8 @@ Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
     }
     Verifier verifier(file, path, verify == Checksums::kOn);
     Checkpoint c;
-    c.step = file.read_int_attribute("step");
-    c.epoch = file.read_int_attribute("epoch");
-    c.micro_batch = file.read_int_attribute("micro_batch");
-    c.micro_batches = read_integers(file, "micro_batches", verifier);
-    c.shares = read_integers(file, "shares", verifier);
-    c.shares_after = read_integers(file, "shares_after", verifier);
-    c.shares_followed = read_integers(file, "shares_followed", verifier);
-    c.memory_models = read_memory_models(file, verifier, c.time_fits);
-    read_time_fits(file, verifier, c.time_fits);
-    c.world_size = file.read_int_attribute("world_size");
-    c.seed = static_cast<std::uint64_t>(file.read_int_attribute("seed"));
-    if (file.has_attribute("loss_scale")) {
-      const hdf5::AttributeValue scale = file.attribute_value("loss_scale");
-      if (const double* value = std::get_if<double>(&scale)) c.loss_scale = *value;
-      c.loss_scale_clean_steps = file.read_int_attribute("loss_scale_clean_steps");
-    }
-    if (file.has_attribute("replica_fingerprints"))
-      c.replica_fingerprints = file.read_string_list_attribute("replica_fingerprints");
-    if (file.has_attribute("data_global_batch")) {
-      c.data.global_batch = file.read_int_attribute("data_global_batch");
-      if (file.has_attribute("data_global_batch_tokens"))
-        c.data.global_batch_tokens = file.read_int_attribute("data_global_batch_tokens");
-      c.data.shuffle = file.read_string_attribute("data_shuffle");
-      c.data.rows = file.read_int_attribute("data_rows");
-      c.data.files = file.read_string_list_attribute("data_files");
-      c.data.fingerprint = file.read_string_attribute("data_fingerprint");
-      c.data.batch_in_epoch = file.read_int_attribute("data_batch_in_epoch");
-    }
-    for (const auto& name : names_under(file, "params")) {
-      c.params.emplace_back(name, read_tensor(file, "params/" + name, verifier));
-    }
-    for (const auto& name : names_under(file, "buffers")) {
-      c.buffers.emplace_back(name, read_tensor(file, "buffers/" + name, verifier));
-    }
-    const std::int64_t rng_ranks =
-        file.has_attribute("rng_ranks") ? file.read_int_attribute("rng_ranks") : 0;
-    for (std::int64_t r = 0; r < rng_ranks; ++r)
-      c.generator_states.push_back(read_bytes(file, "rng/rank" + std::to_string(r), verifier));
-    if (file.has_dataset("optimizer/state"))
-      c.optimizer = read_bytes(file, "optimizer/state", verifier);
-    if (file.has_attribute("optimizer_kind")) {
-      c.optimizer_kind = file.read_string_attribute("optimizer_kind");
-      c.optimizer_step = file.read_int_attribute("optimizer_step");
-      // Left in the file (a second handle, kept by the tensors' readers): each rank reads its
-      // own slice of them.
-      const auto kept = std::make_shared<hdf5::File>(hdf5::File::open(path));
-      for (const auto& name : names_under(file, "optimizer")) {
-        c.optimizer_state.push_back(stored_tensor(kept, "optimizer/" + name, verifier));
-        c.optimizer_state.back().name = name;
-      }
-    }
+    read_attributes(file, verifier, c);
+    read_tensors(file, path, verifier, parameters, c);
     c.verified = verifier.verified();
     c.verified_datasets = verifier.checked();
     return c;
@@ -254,6 +280,21 @@ Checkpoint read_checkpoint(const std::string& path, Checksums verify) {
   } catch (const InputError& e) {
     // HDF5's own failures: a truncated file, a dataset missing.
     throw CheckpointDamaged("checkpoint '" + path + "' cannot be read: " + e.what());
+  }
+}
+
+void read_stored(const Checkpoint::StoredTensor& stored, std::int64_t from, at::Tensor out) {
+  constexpr std::int64_t kPieceFloats = std::int64_t{4} << 20;  // 16 MiB
+  const std::int64_t n = out.numel();
+  if (out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat) {
+    stored.read(from, n, out.data_ptr<float>());
+    return;
+  }
+  std::vector<float> host(static_cast<std::size_t>(std::min(n, kPieceFloats)));
+  for (std::int64_t done = 0; done < n; done += kPieceFloats) {
+    const std::int64_t count = std::min(kPieceFloats, n - done);
+    stored.read(from + done, count, host.data());
+    out.narrow(0, done, count).copy_(at::from_blob(host.data(), {count}, at::kFloat));
   }
 }
 

@@ -87,6 +87,50 @@ TEST(Checkpoint, TensorsOfEveryKindAndAStreamedOptimizerRoundTrip) {
   std::remove(path.c_str());
 }
 
+TEST(Checkpoint, ParametersLeftInTheFileAreVerifiedAndReadIntoAnyTensorInPieces) {
+  // Parameters::kInFile: the float32 parameters stay in the file, verified; read_stored fills a
+  // float32 host tensor straight, and any other (a double one here, in two 16 MiB pieces) through
+  // host pieces; other types are read whole as before. A flipped bit is still found at once.
+  const std::string path = "/tmp/autoaccum-unit-infile-" + std::to_string(::getpid()) + ".h5";
+  torch::manual_seed(3);
+  const at::Tensor big = torch::randn({3000, 1500});
+  const at::Tensor flags = torch::rand({17}) > 0.5;
+  Checkpoint c;
+  c.step = 2;
+  c.params = {{"big", big}, {"flags", flags}, {"scalar", torch::tensor(2.5, torch::kDouble)}};
+  write_checkpoint(path, c);
+  const Checkpoint back = read_checkpoint(path, Checksums::kOn, Parameters::kInFile);
+  EXPECT_TRUE(back.verified);
+  ASSERT_EQ(back.stored_params.size(), 1u);
+  EXPECT_EQ(back.stored_params[0].name, "big");
+  EXPECT_EQ(back.stored_params[0].shape, (std::vector<std::int64_t>{3000, 1500}));
+  ASSERT_EQ(back.params.size(), 2u);  // read whole: not float32
+  EXPECT_TRUE(torch::equal(back.params[0].second, flags.to(torch::kByte)));
+  EXPECT_EQ(back.params[1].second.item<double>(), 2.5);
+  const at::Tensor straight = torch::empty({3000 * 1500});
+  read_stored(back.stored_params[0], 0, straight);
+  EXPECT_TRUE(torch::equal(straight, big.reshape(-1)));
+  const at::Tensor converted = torch::empty({3000 * 1500}, torch::kDouble);
+  read_stored(back.stored_params[0], 0, converted);
+  EXPECT_TRUE(torch::equal(converted, big.reshape(-1).to(torch::kDouble)));
+  const at::Tensor part = torch::empty({2999}, torch::kDouble);  // from inside a row, across rows
+  read_stored(back.stored_params[0], 1501, part);
+  EXPECT_TRUE(torch::equal(part, big.reshape(-1).narrow(0, 1501, 2999).to(torch::kDouble)));
+
+  std::int64_t offset = 0;
+  {
+    const auto file = hdf5::File::open(path);
+    offset = *file.dataset("params/big").raw_offset(hdf5::DType::kFloat32);
+  }
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const unsigned char byte = 0x5a;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset + big.nbytes() - 5)), 1);
+  ::close(fd);
+  EXPECT_THROW(read_checkpoint(path, Checksums::kOn, Parameters::kInFile), CheckpointDamaged);
+  std::remove(path.c_str());
+}
+
 TEST(Checkpoint, OptimizerStateStreamedInPiecesOfAnySizeReadsBackWholePerParameter) {
   // As a sharded run gives it: pieces that end inside rows and cross them, from two "owners".
   const std::string path = "/tmp/autoaccum-unit-streamed-" + std::to_string(::getpid()) + ".h5";

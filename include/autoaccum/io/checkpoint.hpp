@@ -74,6 +74,10 @@ struct Checkpoint {
     std::function<void(std::int64_t first, std::int64_t count, float* out)> read;
   };
   std::vector<StoredTensor> optimizer_state;
+  // Read back with Parameters::kInFile: the float32 parameters left in the file as the optimizer
+  // state is (named without "params/") instead of in `params`, for the resuming trainer to read
+  // into the model's own tensors: a resume holds no second copy of the model.
+  std::vector<StoredTensor> stored_params;
   // For writing: float32 tensors given in pieces as they come (from the ranks that own them
   // under --shard optimizer), never whole in memory. `fill` calls `piece` with the elements in
   // order, in pieces of any size, once.
@@ -166,11 +170,21 @@ struct LoadedCheckpoint {
 };
 // The newest checkpoint that reads whole and verifies: `path`, else the older ones newest
 // first. Nothing when none exists; a CheckpointDamaged listing every file when none verifies.
-std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path);
+// How the parameters are read: whole into Checkpoint::params, or (kInFile) verified in pieces
+// and left in the file as Checkpoint::stored_params where they are float32 (any other type is
+// read whole into `params`).
+enum class Parameters { kWhole, kInFile };
+std::optional<LoadedCheckpoint> read_latest_checkpoint(const std::string& path,
+                                                       Parameters parameters = Parameters::kWhole);
 // Reads and verifies every dataset against its checksum (and the root attributes); a
 // CheckpointDamaged names the file and the dataset when one does not match, the file is
 // truncated or it is not an autoaccum checkpoint. A file written before checksums reads
 // unverified (`Checkpoint::verified` false).
-Checkpoint read_checkpoint(const std::string& path, Checksums verify = Checksums::kOn);
+Checkpoint read_checkpoint(const std::string& path, Checksums verify = Checksums::kOn,
+                           Parameters parameters = Parameters::kWhole);
+// Elements [from, from + out.numel()) of `stored` into the 1-D tensor `out` (any float type, on
+// the CPU or a GPU): straight into it when it is contiguous float32 host memory, else through one
+// host piece of at most 16 MiB at a time.
+void read_stored(const Checkpoint::StoredTensor& stored, std::int64_t from, at::Tensor out);
 
 }  // namespace autoaccum::io

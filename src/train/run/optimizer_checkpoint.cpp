@@ -133,7 +133,7 @@ std::string OptimizerCheckpoint::load(const io::Checkpoint& c) {
                std::to_string(it->numel()) + " elements, the parameter " +
                std::to_string(trainable_[i].numel());
       if (!shards_) {
-        read_into(*it, 0, optimizer_.state(i, kind).view(-1));
+        io::read_stored(*it, 0, optimizer_.state(i, kind).view(-1));
         continue;
       }
       // This rank's part of the parameter, if any: only it is read.
@@ -142,28 +142,13 @@ std::string OptimizerCheckpoint::load(const io::Checkpoint& c) {
       const std::int64_t begin = std::max(first, shards_->begin(rank));
       const std::int64_t end = std::min(last, shards_->end(rank));
       if (begin >= end) continue;
-      read_into(*it, begin - first,
-                optimizer_.state(0, kind).narrow(0, begin - shards_->begin(rank), end - begin));
+      io::read_stored(
+          *it, begin - first,
+          optimizer_.state(0, kind).narrow(0, begin - shards_->begin(rank), end - begin));
     }
   }
   optimizer_.set_step_count(c.optimizer_step);
   return "";
-}
-
-void OptimizerCheckpoint::read_into(const io::Checkpoint::StoredTensor& stored, std::int64_t from,
-                                    at::Tensor out) {
-  // Straight into the state when it is contiguous host memory; else through one host piece.
-  const std::int64_t n = out.numel();
-  if (out.device().is_cpu() && out.is_contiguous()) {
-    stored.read(from, n, out.data_ptr<float>());
-    return;
-  }
-  std::vector<float> host(static_cast<std::size_t>(std::min(n, kPieceFloats)));
-  for (std::int64_t done = 0; done < n; done += kPieceFloats) {
-    const std::int64_t count = std::min(kPieceFloats, n - done);
-    stored.read(from + done, count, host.data());
-    out.narrow(0, done, count).copy_(at::from_blob(host.data(), {count}, at::kFloat));
-  }
 }
 
 }  // namespace autoaccum::train

@@ -46,9 +46,6 @@ class OptimizerCheckpoint {
     std::int64_t offset, count;  // in the flat parameter space
   };
   void take(const Piece& piece, std::vector<float>& host);
-  // Elements [from, from + out.numel()) of `stored` into the 1-D `out`.
-  static void read_into(const io::Checkpoint::StoredTensor& stored, std::int64_t from,
-                        at::Tensor out);
 
   comm::Communicator& comm_;
   OptimizerStep& optimizer_;

@@ -126,6 +126,30 @@ void refuse_order_change(const io::Checkpoint& c, const std::string& chosen,
   }
 }
 
+// The parameter `name` of `c` into the model's `tensor`: from the file where it was left there
+// (straight into the tensor's memory, or in pieces), else from the copy read; false when `c` has
+// none of that name and size.
+bool restore_parameter(const io::Checkpoint& c, const std::string& name, at::Tensor& tensor) {
+  const auto stored = std::find_if(c.stored_params.begin(), c.stored_params.end(),
+                                   [&](const auto& p) { return p.name == name; });
+  if (stored != c.stored_params.end()) {
+    if (stored->numel() != tensor.numel()) return false;
+    if (tensor.is_contiguous()) {
+      io::read_stored(*stored, 0, tensor.view(-1));
+    } else {
+      at::Tensor whole = at::empty({tensor.numel()}, tensor.options());
+      io::read_stored(*stored, 0, whole);
+      tensor.copy_(whole.view(tensor.sizes()));
+    }
+    return true;
+  }
+  const auto read = std::find_if(c.params.begin(), c.params.end(),
+                                 [&](const auto& p) { return p.first == name; });
+  if (read == c.params.end() || read->second.numel() != tensor.numel()) return false;
+  tensor.copy_(read->second.view(tensor.sizes()));
+  return true;
+}
+
 }  // namespace
 
 void Trainer::State::resume() {
@@ -171,7 +195,7 @@ std::optional<io::LoadedCheckpoint> Trainer::State::load_checkpoint() {
   comm::collectively(comm, [&] {
     if (!root) return;
     const memory::UncountedScope staging;
-    loaded = io::read_latest_checkpoint(options.checkpoint);
+    loaded = io::read_latest_checkpoint(options.checkpoint, io::Parameters::kInFile);
     if (!loaded) return;
     chosen = loaded->path;
     resumed_from = chosen;
@@ -180,7 +204,8 @@ std::optional<io::LoadedCheckpoint> Trainer::State::load_checkpoint() {
   comm::collectively(comm, [&] {
     if (root || chosen.empty()) return;
     const memory::UncountedScope staging;
-    loaded = io::LoadedCheckpoint{io::read_checkpoint(chosen), chosen, {}};
+    loaded = io::LoadedCheckpoint{
+        io::read_checkpoint(chosen, io::Checksums::kOn, io::Parameters::kInFile), chosen, {}};
   });
   if (chosen.empty()) return std::nullopt;
   loaded->path = chosen;
@@ -217,7 +242,12 @@ void Trainer::State::set_damaged_aside(const io::LoadedCheckpoint& loaded) {
 // streams; agreed, since any rank may find it does not match), then the step, the loss scale, the
 // micro-batches, the memory and time models, and the balanced shares.
 void Trainer::State::restore(const io::Checkpoint& c) {
-  const std::string problem = restore_model(c);
+  std::string problem;
+  try {  // the tensors left in the file are read here: a failure is this rank's to report
+    problem = restore_model(c);
+  } catch (const std::exception& e) {
+    problem = "'" + options.checkpoint + "' could not be read: " + e.what();
+  }
   if (auto failure = comm::agree_on_failure(comm, problem)) comm::throw_collective(comm, *failure);
   step = c.step;
   loss_scale.restore(c.loss_scale, c.loss_scale_clean_steps);
@@ -233,13 +263,10 @@ std::string Trainer::State::restore_model(const io::Checkpoint& c) {
   std::string problem;
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : bundle->model().named_parameters()) {
-    auto it = std::find_if(c.params.begin(), c.params.end(),
-                           [&](const auto& p) { return p.first == name; });
-    if (it == c.params.end() || it->second.numel() != tensor.numel()) {
+    if (!restore_parameter(c, name, tensor)) {
       problem = "'" + options.checkpoint + "' does not match the model: parameter '" + name + "'";
       break;
     }
-    tensor.copy_(it->second.view(tensor.sizes()));
   }
   for (auto& [name, tensor] : bundle->model().named_buffers()) {
     auto it = std::find_if(c.buffers.begin(), c.buffers.end(),
