@@ -119,4 +119,5 @@ E2E="precision|torchscript|token_loss"
 HF="e2e\.hf\.HuggingFace\.test_(gpt2_update|llama_update|bert_classifier_update|text_tokenized|round_trip)"
 args=("$@")
 ((${#args[@]})) || args=(-R "^(unit_|mpi_|gpu_|e2e\.($E2E)\.|$HF)")
-ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure "${args[@]}"
+ctest --test-dir "$build" -j "$jobs" --timeout 600 --output-on-failure \
+  --resource-spec-file "$build/tests/cores.json" "${args[@]}"

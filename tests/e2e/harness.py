@@ -14,6 +14,15 @@ MPIEXEC = os.environ.get("AUTOACCUM_MPIEXEC", "mpiexec")
 FAULT_PROBE = os.environ.get("AUTOACCUM_FAULT_PROBE", "fault_probe")
 
 
+def one_core(test):
+    """Marks a test (method or class) that runs one process at a time for most of its time
+    (measured: at most 1.3 of the machine's cores on average, docs/reliability.md) and asserts no
+    time that a slower core would break: ctest gives it one core of its own, run_one.py keeps it
+    and everything it starts there, and another such test runs on the other core. Read from the
+    source by list_tests.py; at run time it changes nothing."""
+    return test
+
+
 class Result:
     def __init__(self, returncode, stdout, stderr, seconds):
         self.returncode = returncode

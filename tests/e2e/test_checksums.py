@@ -11,7 +11,7 @@ import numpy as np
 
 import user_models as um
 from harness import (TempDirTest, autoaccum, digest, flip_a_bit, older_checkpoint,
-                     older_checkpoints, synth, text)
+                     older_checkpoints, one_core, synth, text)
 
 try:
     import xxhash
@@ -49,6 +49,7 @@ class Checksums(TempDirTest):
         os.makedirs(path, exist_ok=True)
         return path
 
+    @one_core
     def test_checksums_are_xxh3_of_the_bytes_h5py_reads(self):
         if xxhash is None:
             self.skipTest("python xxhash is not installed here")
@@ -70,6 +71,7 @@ class Checksums(TempDirTest):
                 self.assertEqual(text(f[name].attrs["checksum"]),
                                  "xxh3-64:" + xxhash.xxh3_64_hexdigest(f[name][()].tobytes()))
 
+    @one_core
     def test_a_flipped_bit_in_any_kind_falls_back_and_ends_where_an_uninterrupted_run_ends(self):
         reference = self.folder("reference")
         r = self.train(reference, 12)
@@ -124,6 +126,7 @@ class Checksums(TempDirTest):
                 self.assertIn(f"skipped: checkpoint '{checkpoint}' is damaged: dataset '{kind}'",
                               r.stdout)
 
+    @one_core
     def test_a_truncated_newest_falls_back_and_none_whole_is_one_line_with_nothing_written(self):
         run = self.folder("truncated")
         r = self.train(run, 8)
@@ -145,6 +148,7 @@ class Checksums(TempDirTest):
         self.assertEqual({p: digest(p) for p in before}, before, "nothing written")
         self.assertEqual(sorted(os.listdir(run)), ["c.h5", "c.step4.h5", "log.h5"])
 
+    @one_core
     def test_inspect_verifies_a_data_file_and_names_a_damaged_dataset(self):
         data = synth(self.path("inspect.h5"), rows=500, features=8, classes=3, seed=4)
         r = autoaccum(1, "inspect", data)
@@ -162,6 +166,7 @@ class Checksums(TempDirTest):
         self.assertEqual(r.returncode, 0, r)
         self.assertIn("checksums: none stored", r.stdout)
 
+    @one_core
     def test_export_verifies_and_refuses_a_damaged_checkpoint_writing_nothing(self):
         x, y = um.classification_data(64, (6,), 3, seed=6)
         data = um.write_data(self.path("export.h5"), x, y, classes=3)
@@ -184,6 +189,7 @@ class Checksums(TempDirTest):
             "match its checksum"], r)
         self.assertFalse(os.path.exists(out))
 
+    @one_core
     def test_keep_checkpoints_keeps_the_last_n_and_bad_values_are_one_line(self):
         run = self.folder("keep")
         r = self.train(run, 16, "--keep-checkpoints", 3)

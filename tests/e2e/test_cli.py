@@ -5,7 +5,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import BIN, autoaccum
+from harness import BIN, autoaccum, one_core
 
 
 class Version(unittest.TestCase):
@@ -22,6 +22,7 @@ class Version(unittest.TestCase):
         self.assertRegex(r.stdout, r"NCCL\s+(\d+\.\d+\.\d+|not built)")
         self.assertIn("world     2 rank(s)", r.stdout)
 
+    @one_core
     def test_version_subcommand_matches_flag(self):
         a = autoaccum(1, "--version")
         b = autoaccum(1, "version")
@@ -30,6 +31,7 @@ class Version(unittest.TestCase):
 
 
 class Help(unittest.TestCase):
+    @one_core
     def test_general_help_lists_commands(self):
         r = autoaccum(1, "--help")
         self.assertEqual(r.returncode, 0, r)
@@ -93,15 +95,19 @@ class UsageErrors(unittest.TestCase):
             self.assertIn(needle, errors[0])
         self.assertLess(r.seconds, 30, r)
 
+    @one_core
     def test_no_command(self):
         self.assert_one_line_error(autoaccum(2), "no command")
 
+    @one_core
     def test_unknown_command(self):
         self.assert_one_line_error(autoaccum(2, "fly"), "unknown command 'fly'")
 
+    @one_core
     def test_unknown_option(self):
         self.assert_one_line_error(autoaccum(3, "version", "--bogus"), "--bogus", "autoaccum version")
 
+    @one_core
     def test_help_for_unknown_command(self):
         self.assert_one_line_error(autoaccum(2, "help", "fly"), "fly")
 

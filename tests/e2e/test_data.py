@@ -11,7 +11,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, autoaccum, digest
+from harness import BIN, autoaccum, digest, one_core
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -39,6 +39,7 @@ class Workdir(unittest.TestCase):
 
 @unittest.skipUnless(os.path.isdir(FASHION), "dataset-fashion-mnist is not installed")
 class ImportFashionMnist(Workdir):
+    @one_core
     def test_every_value_matches_the_idx_files(self):
         r = autoaccum(2, "import", "fashion-mnist", "--out", self.dir, timeout=120)
         self.assertEqual(r.returncode, 0, r)
@@ -60,6 +61,7 @@ class ImportFashionMnist(Workdir):
                 self.assertEqual(names[0], "T-shirt/top")
                 self.assertEqual(names[9], "Ankle boot")
 
+    @one_core
     def test_missing_source_names_the_file_and_keeps_existing_output(self):
         out = self.path("fashion-mnist-train.h5")
         with open(out, "w") as f:
@@ -70,6 +72,7 @@ class ImportFashionMnist(Workdir):
         with open(out) as f:
             self.assertEqual(f.read(), "precious")
 
+    @one_core
     def test_unknown_dataset(self):
         r = autoaccum(1, "import", "cifar", "--out", self.dir)
         self.assertEqual(r.returncode, 1, r)
@@ -98,6 +101,7 @@ class Synth(Workdir):
         guess = np.argmin(((x[half:, None, :] - means[None]) ** 2).sum(-1), axis=1)
         self.assertGreater((guess == y[half:]).mean(), 0.9)
 
+    @one_core
     def test_bad_sizes(self):
         r = autoaccum(2, "synth", "--out", self.path("z.h5"), "--rows", 0, "--features", 3,
                       "--classes", 2)
@@ -142,44 +146,54 @@ class InspectAndBadInput(Workdir):
         if path:
             self.assertEqual(digest(path), before, "inspect must not modify the file")
 
+    @one_core
     def test_not_hdf5(self):
         path = self.path("notes.txt")
         with open(path, "w") as f:
             f.write("not hdf5")
         self.assert_bad([path], "notes.txt", "not an HDF5 file")
 
+    @one_core
     def test_truncated(self):
         path = self.make("big.h5", x=np.zeros((5000, 8), np.float32), y=np.zeros(5000, np.int64))
         with open(path, "r+b") as f:
             f.truncate(4096)
         self.assert_bad([path], "big.h5")
 
+    @one_core
     def test_missing_dataset(self):
         self.assert_bad([self.good(), "--inputs", "pixels"], "no dataset 'pixels'", "--inputs")
 
+    @one_core
     def test_lengths_differ(self):
         path = self.make("len.h5", x=np.zeros((10, 2), np.float32), y=np.zeros(9, np.int64))
         self.assert_bad([path], "'x' has 10 rows but 'y' has 9")
 
+    @one_core
     def test_unsupported_dtype(self):
         path = self.make("i16.h5", x=np.zeros((4, 2), np.int16), y=np.zeros(4, np.int64))
         self.assert_bad([path], "dataset 'x'", "unsupported type int16")
 
+    @one_core
     def test_label_out_of_range(self):
         path = self.make("lab.h5", x=np.zeros((4, 2), np.float32), y=np.array([0, 1, 5, 1]),
                          attrs={"num_classes": 3})
         self.assert_bad([path], "dataset 'y'", "label 5 at row 2 is outside [0, 3)")
 
+    @one_core
     def test_empty_dataset(self):
         path = self.make("empty.h5", x=np.zeros((0, 2), np.float32), y=np.zeros(0, np.int64))
         self.assert_bad([path], "empty.h5", "no rows")
 
+    @one_core
     def test_directory(self):
         self.assert_bad([self.dir], "is a directory")
 
+    @one_core
     def test_missing_file(self):
         self.assert_bad([self.path("absent.h5")], "absent.h5", "No such file")
 
+    @one_core
     def test_no_read_permission(self):
         path = self.good()
         os.chmod(path, 0)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import user_models as um
-from harness import TempDirTest, autoaccum, older_checkpoint
+from harness import TempDirTest, autoaccum, older_checkpoint, one_core
 
 VOCAB = 13
 EXACT = 1e-5
@@ -193,6 +193,7 @@ class Documents(TempDirTest):
         params = um.checkpoint_tensors(checkpoint)[0]
         self.assertLess(um.update_distance(params, ref, self.initial), EXACT)
 
+    @one_core
     def test_whole_shares_at_two_ranks_equal_pytorch_and_log_tokens_and_padding(self):
         r, log, checkpoint = self.train(2, "whole")
         self.assert_equals_reference(checkpoint)
@@ -280,6 +281,7 @@ class Documents(TempDirTest):
         summary = autoaccum(1, "log", log).stdout
         self.assertRegex(summary, rf"the most on one rank {max(most)} \(rank 1, step \d\)")
 
+    @one_core
     def test_out_of_memory_on_every_rank_at_two_ranks_equals_pytorch(self):
         _, log, checkpoint = self.train(
             2, "oomall", "--inject-oom", "rank=0,above=40,step=0;rank=1,above=40,step=0",
@@ -301,6 +303,7 @@ class Documents(TempDirTest):
         self.assertLessEqual(budgets[0], 80)
         self.assertEqual(budgets[2:], [budgets[1]] * 2)  # the halved budget, kept
 
+    @one_core
     def test_batches_cut_by_tokens_equal_pytorch_and_resume_refuses_another_size(self):
         lengths = [len(d) for d in self.docs]
         batches = token_batches(lengths, 200)
@@ -423,12 +426,14 @@ class Documents(TempDirTest):
         for name in a:
             self.assertTrue(np.array_equal(a[name], b[name]), name)
 
+    @one_core
     def test_a_budget_that_cannot_shrink_names_the_longest_document(self):
         r, _, _ = self.train(2, "stuck", "--inject-oom", "rank=0,above=1", expect=3)
         lines = um.error_lines(r)
         self.assertTrue(any("longest document (3, 30 tokens) does not fit even alone" in line
                             and "--max-length" in line for line in lines), r.stderr)
 
+    @one_core
     def test_per_document_labels_with_the_lengths_as_an_input(self):
         rng = np.random.default_rng(5)
         labels = rng.integers(0, 3, len(self.docs))
@@ -458,6 +463,7 @@ class Documents(TempDirTest):
                 count += len(d) - 1
         self.assertAlmostEqual(loss, total / count, delta=1e-5 * loss)
 
+    @one_core
     def test_bad_document_files_are_one_line_and_exit_1(self):
         docs = self.docs[:10]
         good = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
@@ -478,6 +484,7 @@ class Documents(TempDirTest):
                 self.assertIn(data, lines[0])
                 self.assertIn(message, lines[0])
 
+    @one_core
     def test_options_that_do_not_fit_document_data_are_refused(self):
         rows = um.write_data(self.path("rows.h5"), *um.classification_data(40, (4,), 3, seed=1),
                              classes=3)
@@ -514,6 +521,7 @@ class Documents(TempDirTest):
 class ImportDocuments(TempDirTest):
     prefix = "autoaccum-import-documents-"
 
+    @one_core
     def test_fortunes_split_at_percent_lines_with_a_maximum_length(self):
         source = self.path("cookies")
         entries = ["A short one.\n", "Two\nlines.\n", "x" * 50 + "\n", "  \n", "Last.\n"]
@@ -572,6 +580,7 @@ class GptOnFortuneDocuments(TempDirTest):
     prefix = "autoaccum-gpt-documents-"
 
     @unittest.skipUnless(os.path.isdir(FORTUNES), "Debian's fortunes package is not installed")
+    @one_core
     def test_two_steps_with_an_out_of_memory_equal_pytorch(self):
         data, docs, model, initial = fortune_documents_and_gpt(self)
         log, checkpoint = self.path("gpt.h5"), self.path("gpt.ckpt.h5")

@@ -31,7 +31,7 @@ except ImportError:  # not skipped: CI must run these
                      f"jobs/models/hf-env.sh (tests/run.sh does) and configure again")
 
 import user_models as um
-from harness import TempDirTest, autoaccum
+from harness import TempDirTest, autoaccum, one_core
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HF = os.path.join(HERE, "..", "..", "jobs", "models", "hf.py")
@@ -172,12 +172,15 @@ class HuggingFace(TempDirTest):
         self.assertLess(update_distance(checkpoint, ref, initial), EXACT)
         return r, log
 
+    @one_core
     def test_gpt2_update_equals_transformers_per_document(self):
         self.check_update("gpt2", "causal-lm")
 
+    @one_core
     def test_llama_update_equals_transformers_per_document(self):
         self.check_update("llama", "causal-lm")
 
+    @one_core
     def test_bert_classifier_update_equals_transformers_per_document(self):
         self.check_update("bert", "sequence-classification", "--inputs", "tokens,lengths",
                           "--targets", "label", labels=self.labels, data=self.labelled)
@@ -226,15 +229,18 @@ class HuggingFace(TempDirTest):
                 total, count = total + float(loss), count + n
         self.assertAlmostEqual(evaluated[4], total / count, delta=1e-5 * total / count)
 
+    @one_core
     def test_gpt2_evaluation_with_dropout_equals_the_imported_model_in_eval_mode(self):
         self.check_eval_with_dropout("gpt2", "causal-lm")
 
+    @one_core
     def test_bert_evaluation_with_dropout_equals_the_imported_model_in_eval_mode(self):
         self.check_eval_with_dropout("bert", "sequence-classification", "--inputs",
                                      "tokens,lengths", "--targets", "label",
                                      data=self.labelled, val=self.val_labelled,
                                      labels=self.val_labels)
 
+    @one_core
     def test_resume_with_dropout_is_bit_for_bit(self):
         _, exported = self.model("gpt2", 0.1)
         # Two fresh starts: the cut from the data alone (auto's fits are timed at each start).
@@ -247,6 +253,7 @@ class HuggingFace(TempDirTest):
         for name in a:
             self.assertTrue(np.array_equal(a[name], b[name]), name)
 
+    @one_core
     def test_round_trip_gives_from_pretrained_the_trained_weights(self):
         for arch in ("gpt2", "llama"):
             folder, exported = self.model(arch, 0)
@@ -271,6 +278,7 @@ class HuggingFace(TempDirTest):
                 self.assertEqual(model.lm_head.weight.data_ptr(),
                                  model.transformer.wte.weight.data_ptr())
 
+    @one_core
     def test_text_tokenized_by_the_folders_tokenizer_and_the_tokenizer_travels_back(self):
         """tokenize re-tokenizes a byte document file with the folder's tokenizer (each
         document decodes back to its text); the exported file carries the tokenizer, and the
@@ -309,6 +317,7 @@ class HuggingFace(TempDirTest):
         for text in texts[:4]:
             self.assertEqual(back(text)["input_ids"], tokenizer(text)["input_ids"])
 
+    @one_core
     def test_a_forward_that_branches_on_its_length_is_refused_after_tracing(self):
         """The tracer freezes a Python branch on the input's length; export's check at other
         shapes (eager against traced, both modes) catches it instead of training a graph that
@@ -339,6 +348,7 @@ class HuggingFace(TempDirTest):
         _, worst, _ = module.trace_checked(Branchy(), False, 16, 0)
         self.assertEqual(worst, 0.0)
 
+    @one_core
     def test_what_does_not_export_is_one_line(self):
         folder, _ = self.model("bert", 0)
         cases = [

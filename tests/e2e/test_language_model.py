@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import user_models as um
-from harness import autoaccum
+from harness import autoaccum, one_core
 
 FORTUNES = "/usr/share/games/fortunes"
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -28,6 +28,7 @@ class LanguageModel(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
+    @one_core
     def test_import_text_makes_next_byte_windows(self):
         text = os.path.join(self.dir, "small.txt")
         corpus = b"the quick brown fox jumps over the lazy dog\n" * 20
@@ -58,6 +59,7 @@ class LanguageModel(unittest.TestCase):
         self.assertIn("0 bytes", lines[0])
 
     @unittest.skipUnless(os.path.isdir(FORTUNES), "Debian's fortunes package is not installed")
+    @one_core
     def test_gpt_on_fortunes_halves_and_its_loss_matches_pytorch(self):
         data = os.path.join(self.dir, "fortunes")
         r = autoaccum(1, "import", "text", "--out", data, "--context", 32, timeout=120)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import TempDirTest, autoaccum, text
+from harness import TempDirTest, autoaccum, one_core, text
 
 # ConvBnDropout(width=16) on 1x8x8 images takes about 32 KiB + 16 KiB per row of a micro-batch.
 LIMIT = "1MiB"
@@ -124,6 +124,7 @@ class MemoryModel(TempDirTest):
         self.assertEqual(len(set(int(v) for v in g["micro_batch"])), 1)
         self.assertEqual(int(g["micro_batch"][0]), used[0])
 
+    @one_core
     def test_a_prediction_that_does_not_fit_halves_on_every_rank(self):
         # Rank 1 runs out above 20 rows whatever the model predicts: the prediction fails once,
         # every rank halves, and the result is still PyTorch's.
@@ -180,6 +181,7 @@ class MemoryModel(TempDirTest):
                     self.assertEqual(sum(retries[4:]), 0)
                 self.assert_equals_pytorch(2, log, checkpoint, 256, 9)
 
+    @one_core
     def test_a_limit_nothing_fits_under_is_one_line_and_exit_3(self):
         for ranks in (1, 2):
             with self.subTest(ranks=ranks):
@@ -194,6 +196,7 @@ class MemoryModel(TempDirTest):
                 with h5py.File(log, "r") as f:
                     self.assertEqual(text(f.attrs["status"]), "failed")
 
+    @one_core
     def test_dry_run_predicts_and_writes_nothing(self):
         log = self.path("dry.h5")
         r = autoaccum(2, "train", "--data", self.data, "--model-file", self.model, "--threads", 1,
@@ -219,6 +222,7 @@ class MemoryModel(TempDirTest):
         self.assertEqual(r.returncode, 1, r)
         self.assertEqual(um.error_lines(r), ["autoaccum: error: --dry-run trains nothing: drop --resume"])
 
+    @one_core
     def test_a_model_that_refuses_the_size_memory_forces_is_one_line_and_exit_3(self):
         # BatchNorm1d cannot train on one row. Out-of-memory (injected above 1 row) halves
         # 8 -> 4 -> 2 -> 1 and the model then raises its own error: every rank ends with one
@@ -283,6 +287,7 @@ class MemoryModel(TempDirTest):
         self.assertNotIn("Traceback", r.stderr + r.stdout)
         self.assertNotIn("MPI_ABORT", r.stderr + r.stdout)
 
+    @one_core
     def test_autoaccums_own_error_at_a_smaller_size_is_not_taken_for_a_refusal(self):
         # The model's (loss_sum, weight) has a weight of two values at one row: autoaccum's own
         # check refuses that output. Reached at 1 row after out-of-memory halved 8 -> 4 -> 2 -> 1,
@@ -310,6 +315,7 @@ class MemoryModel(TempDirTest):
         self.assertIn("--loss model: forward(inputs..., targets) returned a Tuple", r.stderr)
         self.assertNotIn("the model fails on a micro-batch", r.stdout + r.stderr)
 
+    @one_core
     def test_halve_keeps_the_old_search(self):
         r, log, _ = self.train(2, "halve", "--global-batch", 256, "--steps", 2,
                                "--memory-limit", LIMIT, "--micro-batch-search", "halve")
@@ -358,6 +364,7 @@ class OptimizerStepEdge(TempDirTest):
             self.assertRegex(errors[0], r"do not fit in memory|does not fit", said)
         return r.returncode == 0
 
+    @one_core
     def test_every_run_that_passes_set_up_takes_its_optimizer_steps(self):
         # Below the parameters themselves (2.6 MiB): refused as the model is built, in one line.
         self.assertFalse(self.trains(2048))
@@ -411,6 +418,7 @@ class TorchvisionResNet(TempDirTest):
         self.assertEqual(r.returncode, expect, r)
         return r, log, checkpoint
 
+    @one_core
     def test_state_that_leaves_no_room_is_one_line_and_exit_3(self):
         # Parameters, gradients and AdamW's two moments: 4 x 42.7 MB of the 180 MiB.
         r, log, _ = self.train("full", "180MiB", expect=3)
@@ -461,6 +469,7 @@ class TokenBudgets(TempDirTest):
 
     @unittest.skipUnless(os.path.isdir("/usr/share/games/fortunes"),
                          "Debian's fortunes package is not installed")
+    @one_core
     def test_gpt_budget_predicted_below_the_share_without_out_of_memory_equals_pytorch(self):
         import test_documents as td
         data, docs, model, initial = td.fortune_documents_and_gpt(self)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import TempDirTest, autoaccum
+from harness import TempDirTest, autoaccum, one_core
 
 # ConvBnDropout(width=16) on 1x8x8 images: about 32 KiB + 16 KiB per row of a micro-batch
 # (measured: 16 rows 288 KiB, 32 rows 544 KiB, 64 rows 1056 KiB).
@@ -194,6 +194,7 @@ class MixedRanks(TempDirTest):
                     self.assertGreater(micro(4, 0), 60)
                 self.assert_equals_pytorch(2, log, checkpoint, 120, 12)
 
+    @one_core
     def test_a_run_resumed_where_the_shares_change_follows_them_as_it_would_have(self):
         # The checkpoint at step 3 is the first with the balanced shares (computed at step 2,
         # applied from step 3): the sizes it holds followed the even split. The run dies in
@@ -260,6 +261,7 @@ class MixedRanks(TempDirTest):
                     ranks_seen = set(f["rank_sizes/rank"][f["rank_sizes/step"][:] >= 3])
                     self.assertEqual(ranks_seen, set(range(then)))
 
+    @one_core
     def test_bad_limit_lists_and_scopes_are_one_line(self):
         for args, needles in (
                 (["--memory-limit", "8MiB,lots"], ["--memory-limit (item 2 of '8MiB,lots')",

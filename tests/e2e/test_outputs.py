@@ -4,7 +4,7 @@ link, or through a linked folder; one line naming both options, exit 1, every fi
 import os
 
 import user_models as um
-from harness import TempDirTest, autoaccum, digest, synth
+from harness import TempDirTest, autoaccum, digest, one_core, synth
 
 
 class OutputsApartFromInputs(TempDirTest):
@@ -37,6 +37,7 @@ class OutputsApartFromInputs(TempDirTest):
         return autoaccum(2, "train", "--data", self.data, "--global-batch", 20, "--steps", 2,
                          "--threads", 1, "--log-every", 0, *args)
 
+    @one_core
     def test_train_refuses_an_output_that_is_its_data_by_any_name(self):
         files = [self.data, self.val, self.model]
         before = {p: digest(p) for p in files}
@@ -62,6 +63,7 @@ class OutputsApartFromInputs(TempDirTest):
         r = self.train("--run-log", self.path("log.h5"), "--checkpoint", out)
         self.assertEqual(r.returncode, 0, r)
 
+    @one_core
     def test_export_and_import_refuse_to_overwrite_what_they_read(self):
         checkpoint = self.path("export.ckpt.h5")
         r = autoaccum(1, "train", "--data", self.data, "--model-file", self.model,

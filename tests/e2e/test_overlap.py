@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import BIN, MPIEXEC, TempDirTest, autoaccum, text, mpi_env
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum, mpi_env, one_core, text
 
 
 class Overlap(TempDirTest):
@@ -192,6 +192,7 @@ class Overlap(TempDirTest):
                                    r"did not reach it \(still running\); ranks 0, 2 waited; in "
                                    r"step 3 of 6")
 
+    @one_core
     def test_bad_values_get_one_line(self):
         model = um.save_scripted(um.Tied, self.path("bad.pt"))
         for args, needle in ((["--overlap", "sometimes"],

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import TempDirTest, autoaccum, older_checkpoint, text
+from harness import TempDirTest, autoaccum, older_checkpoint, one_core, text
 
 EXACT = 5e-5
 # The least distance that shows two computations differ (fp32 against bf16: 4e-3 and more).
@@ -138,6 +138,7 @@ class Precision(TempDirTest):
                                           first_step=2)
                 self.assert_equals_reference(after, reference, before, fp32)
 
+    @one_core
     def test_run_log_banner_and_log_command_say_the_precision(self):
         model = um.save_scripted(um.SmallConv(), self.path("say.pt"))
         r, log, _ = self.train(2, model, "say", "--global-batch", 128, "--steps", 2,
@@ -154,6 +155,7 @@ class Precision(TempDirTest):
         with h5py.File(log, "r") as f:
             self.assertEqual(text(f.attrs["precision"]), "fp32")
 
+    @one_core
     def test_bad_precision_is_one_line_and_fp16_needs_a_gpu(self):
         model = um.save_scripted(um.SmallConv(), self.path("bad.pt"))
         for value, needle in (("fp8", "--precision: 'fp8' is not one of fp32, bf16, fp16"),
@@ -166,6 +168,7 @@ class Precision(TempDirTest):
                 self.assertEqual(len(lines), 1, r)
                 self.assertIn(needle, lines[0])
 
+    @one_core
     def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank_and_halves_the_scale(self):
         # No GPU here: AUTOACCUM_FP16_ON_CPU=1 runs --precision fp16's loss scaling with bf16
         # products. The scale is a power of two, so scaling and unscaling are exact, and the run
@@ -249,6 +252,7 @@ class Precision(TempDirTest):
         self.assertGreater(65536 * float(logits.grad.abs().max()), fp16_max,
                            "the check can fail: the old start overflowed this batch")
 
+    @one_core
     def test_evaluation_runs_under_autocast_and_equals_pytorch(self):
         model = um.save_scripted(um.SmallConv(logit_scale=4.0, gain=1.0038), self.path("eval.pt"))
         _, log, checkpoint = self.train(2, model, "eval", "--global-batch", 128, "--steps", 2,

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 
 import user_models as um
-from harness import BIN, TempDirTest, autoaccum, cpu_flags, digest, mpirun, text
+from harness import BIN, TempDirTest, autoaccum, cpu_flags, digest, mpirun, one_core, text
 
 
 class ResumeKeepsTheDataOrder(TempDirTest):
@@ -31,6 +31,7 @@ class ResumeKeepsTheDataOrder(TempDirTest):
                          "--threads", 1, "--log-every", 0, "--checkpoint", checkpoint,
                          "--checkpoint-every", 2, *args, timeout=120)
 
+    @one_core
     def test_a_changed_data_option_is_refused_with_one_line(self):
         checkpoint = self.path("run.ckpt.h5")
         base = ("--global-batch", 32, "--shuffle", "batch", "--seed", 5)
@@ -99,6 +100,7 @@ class ResumeKeepsTheDataOrder(TempDirTest):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+    @one_core
     def test_resume_reshape_changes_the_order_at_an_epoch_boundary_reading_every_row_once(self):
         rows = 96
         x = np.arange(rows, dtype=np.float32).reshape(rows, 1)  # each row names itself
@@ -163,6 +165,7 @@ class ResumeKeepsTheDataOrder(TempDirTest):
         with h5py.File(ck, "r") as f:
             self.assertEqual(int(f.attrs["step"]), 42)
 
+    @one_core
     def test_resume_reshape_of_documents_cut_by_tokens_reads_every_document_once_per_epoch(self):
         # 48 documents of 2-8 tokens, the first naming the document; batches cut by tokens
         # (whole documents in file order up to the budget, a tail the data ended dropped).
@@ -237,6 +240,7 @@ class ReplicasStayEqual(TempDirTest):
     checkpoint's replica fingerprints say."""
     prefix = "autoaccum-replicas-"
 
+    @one_core
     def test_clipped_steps_leave_ranks_of_different_vector_width_bit_identical(self):
         rng = np.random.default_rng(4)
         data = um.write_data(self.path("d.h5"), rng.standard_normal((512, 64)).astype(np.float32),

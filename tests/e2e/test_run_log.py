@@ -15,7 +15,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, kill_session, synth, text, small_disk, mpi_env
+from harness import BIN, MPIEXEC, autoaccum, kill_session, mpi_env, one_core, small_disk, synth, text
 
 
 class RunLogIntegrity(unittest.TestCase):
@@ -105,6 +105,7 @@ class RunLogIntegrity(unittest.TestCase):
         with h5py.File(log, "r") as f:
             self.assertEqual(text(f.attrs["status"]), "running")
 
+    @one_core
     def test_every_checkpoint_has_a_row_with_its_size_and_a_resume_keeps_those_before_it(self):
         log, checkpoint = os.path.join(self.dir, "saved.h5"), os.path.join(self.dir, "saved.ckpt")
         r = subprocess.run(self.command(log, checkpoint, 7, checkpoint_every=3),

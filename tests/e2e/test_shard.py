@@ -18,7 +18,7 @@ import torch
 
 import user_models as um
 import test_documents as td
-from harness import TempDirTest, autoaccum, digest
+from harness import TempDirTest, autoaccum, digest, one_core
 
 CLOSE = 1e-6  # of a tensor's norm
 
@@ -187,6 +187,7 @@ class Shard(TempDirTest):
         params = um.checkpoint_tensors(checkpoint)[0]
         self.assertLess(um.update_distance(params, reference, initial), 1e-5)
 
+    @one_core
     def test_bad_input_gets_one_line_and_one_rank_a_note(self):
         model = um.save_scripted(um.Tied(), self.path("bad.pt"))
         common = ["--global-batch", 48, "--steps", 1, "--micro-batch", 8]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import user_models as um
-from harness import autoaccum
+from harness import autoaccum, one_core
 
 VOCAB, CONTEXT = 11, 6
 
@@ -145,6 +145,7 @@ class TokenLoss(unittest.TestCase):
                     self.assertIn("continue at 3", r.stdout)
                 um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
 
+    @one_core
     def test_uint8_token_ids_with_encoding_integer_train_as_int64(self):
         # The same tokens stored as bytes: with encoding = "integer" the model gets the ids
         # unscaled (an Embedding would refuse floats), and the run equals PyTorch's full batch.
@@ -195,6 +196,7 @@ class TokenLoss(unittest.TestCase):
         reference = full_batch_steps(model, x, y, 20, 3, 0.5, "bce")
         um.assert_close_to_model(self, checkpoint, reference, rtol=1e-5, atol=1e-6)
 
+    @one_core
     def test_the_models_own_weighted_loss_is_exact(self):
         x, y = um.classification_data(60, (8,), 3, seed=12)
         data = um.write_data(os.path.join(self.dir, "weighted.h5"), x, y, classes=3)
@@ -214,6 +216,7 @@ class TokenLoss(unittest.TestCase):
         r = self.train(2, data, plain, "--loss", "model", "--global-batch", 30, "--steps", 1)
         self.assert_one_line_error(r, "--loss model", "(loss_sum, weight)")
 
+    @one_core
     def test_a_tuple_output_trains_on_its_first_element(self):
         rng = np.random.default_rng(9)
         x = rng.standard_normal((40, 8)).astype(np.float32)
@@ -242,6 +245,7 @@ class TokenLoss(unittest.TestCase):
         for needle in needles:
             self.assertIn(needle, lines[0], r)
 
+    @one_core
     def test_losses_that_cannot_work_are_one_line(self):
         floats = um.write_data(os.path.join(self.dir, "floats.h5"),
                                *um.classification_data(40, (8,), 4, 1))

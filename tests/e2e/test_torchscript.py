@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import torch
 
-from harness import autoaccum
+from harness import autoaccum, one_core
 
 
 class TwoInputs(torch.nn.Module):
@@ -24,6 +24,7 @@ class TwoInputs(torch.nn.Module):
 
 
 class TorchScriptModel(unittest.TestCase):
+    @one_core
     def test_one_step_equals_pytorch(self):
         work = tempfile.mkdtemp(prefix="autoaccum-script-")
         try:

@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from harness import BIN, MPIEXEC, autoaccum, kill_session, small_disk, mpi_env, older_checkpoint, older_checkpoints
+from harness import BIN, MPIEXEC, autoaccum, kill_session, mpi_env, older_checkpoint, older_checkpoints, one_core, small_disk
 
 SCHEMA = {
     "steps": ["step", "micro_batch", "accumulation", "loss", "lr", "step_seconds",
@@ -83,6 +83,7 @@ class Threads(Run):
 
 
 class RunLogEndToEnd(Run):
+    @one_core
     def test_injected_oom_run_log_has_every_field(self):
         log = self.path("oom.h5")
         r = self.train(2, "--global-batch", 200, "--steps", 12, "--val-data", self.val,
@@ -156,6 +157,7 @@ class RunLogEndToEnd(Run):
         # The shortest text that reads back exactly: the learning rate 0.05 prints as 0.05.
         self.assertEqual(rows[0]["lr"], "0.05", rows[0])
 
+    @one_core
     def test_comparison_table_for_several_logs(self):
         logs = []
         for batch in (100, 200):
@@ -184,6 +186,7 @@ class RunLogEndToEnd(Run):
         self.assertEqual(r.returncode, 1, r)
         self.assertIn("matches no file", r.stderr)
 
+    @one_core
     def test_a_data_file_held_by_a_writer_is_named_as_locked(self):
         held = self.path("held-by-writer.h5")
         shutil.copyfile(self.data, held)
@@ -196,6 +199,7 @@ class RunLogEndToEnd(Run):
         self.assertIn("another process has it open for writing", errors[0])
         self.assertIn("HDF5_USE_FILE_LOCKING=FALSE", errors[0])
 
+    @one_core
     def test_config_file_with_a_train_section_and_several_paths_on_one_line(self):
         shard = self.path("second-shard.h5")
         shutil.copyfile(self.data, shard)
@@ -231,6 +235,7 @@ class RunLogEndToEnd(Run):
             self.assertEqual(text(f.attrs["status"]), "failed")
             self.assertIn("micro-batch 1", text(f.attrs["error"]))
 
+    @one_core
     def test_fixed_micro_batch_oom_exits_3_with_a_hint(self):
         r = self.train(2, "--global-batch", 100, "--steps", 3, "--micro-batch", 20,
                        "--inject-oom", "rank=0,above=10")
@@ -405,6 +410,7 @@ class Checkpoints(Run):
             np.testing.assert_array_equal(f["resumes/dropped_steps"][:], [2])
             self.assertEqual(text(f.attrs["status"]), "completed")
 
+    @one_core
     def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_ones(self):
         disk = self.path("tiny")
         # Room for two checkpoints (45 KB each) and a third's estimate (54 KB) minus 30 KB: the
@@ -431,6 +437,7 @@ class Checkpoints(Run):
                 self.assertEqual(text(f.attrs["status"]), "failed")
                 self.assertIn("No space left on device", text(f.attrs["error"]))
 
+    @one_core
     def test_truncated_checkpoint_without_a_previous_one_is_a_clear_error(self):
         checkpoint = self.path("lonely.h5")
         r = self.train(2, "--global-batch", 100, "--steps", 2, "--checkpoint", checkpoint)
@@ -518,6 +525,7 @@ class NonFinite(Run):
 
 
 class PlotScript(Run):
+    @one_core
     def test_png_for_one_and_two_runs(self):
         logs = []
         for name, inject in (("plot-a.h5", "rank=0,above=40"), ("plot-b.h5", "rank=1,above=1000")):
@@ -568,6 +576,7 @@ class TrainBadInput(Run):
             self.assertIn(needle, errors[0])
         self.assertLess(r.seconds, 10, r)
 
+    @one_core
     def test_matrix(self):
         d = ["--data", self.data, "--steps", "2"]
         cases = [
@@ -596,6 +605,7 @@ class TrainBadInput(Run):
             with self.subTest(args=args):
                 self.assert_bad(2, args, needle)
 
+    @one_core
     def test_existing_log_untouched_by_a_failed_start(self):
         log = self.path("keep.h5")
         with open(log, "w") as f:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import user_models as um
-from harness import BIN, MPIEXEC, TempDirTest, autoaccum, kill_session, mpi_env, signal_session
+from harness import BIN, MPIEXEC, TempDirTest, autoaccum, kill_session, mpi_env, one_core, signal_session
 
 
 class UserModels(TempDirTest):
@@ -74,6 +74,7 @@ class UserModels(TempDirTest):
 
     # --- parameters: tied and frozen --------------------------------------------------------
 
+    @one_core
     def test_tied_weights_step_once(self):
         model = um.save_scripted(um.Tied, self.path("tied.pt"))
         checkpoint = self.path("tied.h5")
@@ -185,6 +186,7 @@ class UserModels(TempDirTest):
         for needle in needles:
             self.assertIn(needle, lines[0], r)
 
+    @one_core
     def test_mistakes_seen_at_the_first_forward_are_one_line_and_exit_1(self):
         class WrongWidth(torch.nn.Module):
             def __init__(self):
@@ -230,6 +232,7 @@ class UserModels(TempDirTest):
                 r = self.train(2, model, self.data, "--global-batch", 48, "--steps", 1)
                 self.assert_one_line_error(r, self.data, *needles)
 
+    @one_core
     def test_a_model_file_that_is_missing_or_not_torchscript_is_one_line(self):
         pickled = self.path("pickled.pt")
         torch.save(um.Tied(), pickled)
@@ -239,6 +242,7 @@ class UserModels(TempDirTest):
         r = self.train(2, missing, self.data, "--global-batch", 48, "--steps", 1)
         self.assert_one_line_error(r, missing, "does not exist")
 
+    @one_core
     def test_a_model_with_nothing_to_train_is_one_line_at_start(self):
         # Every parameter frozen, or a torch.jit.freeze'd file (its weights are constants):
         # autoaccum used to fail at step 0 with "element 0 of tensors does not require grad",
@@ -286,6 +290,7 @@ class UserModels(TempDirTest):
                     self.assertIn("autoaccum: warning: --model-file '" + traced, lines[0])
                     self.assertIn("evaluation is not in eval mode", lines[0])
 
+    @one_core
     def test_validation_labels_outside_the_training_classes_fail_at_start(self):
         model = um.save_scripted(um.Tied, self.path("tied-val.pt"))
         x, y = um.classification_data(20, (8,), 5, seed=3)
@@ -341,6 +346,7 @@ class UserModels(TempDirTest):
 
     # --- export -------------------------------------------------------------------------------
 
+    @one_core
     def test_export_equals_the_checkpoint_and_loads_in_pytorch(self):
         model = um.save_scripted(um.ConvBnDropout(width=4), self.path("export.pt"))
         checkpoint, out = self.path("export-ck.h5"), self.path("trained.pt")
