@@ -11,7 +11,7 @@ SKIPPED = 77
 
 def keep_to_the_allocated_core():
     """A harness.one_core test run under ctest's resource allocation (tests/CMakeLists.txt)
-    holds one of the `cores` of tests/e2e/cores.json: this process, and so every process it
+    holds one of the `cores` of build/tests/cores.json: this process, and so every process it
     starts (mpiexec and its ranks, which then see one core, so autoaccum takes one thread), keeps
     to that core, the id-th of the cores this process may use."""
     if int(os.environ.get("CTEST_RESOURCE_GROUP_COUNT", "0")) < 1:
