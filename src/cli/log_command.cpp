@@ -134,10 +134,17 @@ void print_shard(const RunLogData& log, std::ostream& out) {
     out << "  shard " << log.attribute("shard", "none") << ": fixed bytes per rank "
         << memory::format_bytes(most);
     if (least != most) out << " (least " << memory::format_bytes(least) << ")";
-    const std::string unsharded = log.attribute("fixed_bytes_counted_unsharded");
-    if (log.attribute("shard") == "optimizer" && !unsharded.empty())
-      out << ", " << memory::format_bytes(static_cast<std::int64_t>(std::stod(unsharded)))
-          << " without sharding";
+    // Every other level's count, where the log has it (the optimizer and gradients levels' since
+    // schema 12 with --shard gradients; unsharded's before).
+    const std::string shard = log.attribute("shard", "none");
+    for (const char* level : {"none", "optimizer", "gradients"}) {
+      const std::string other = log.attribute(std::string("fixed_bytes_counted_") +
+                                              (level == std::string("none") ? "unsharded" : level));
+      if (shard == level || other.empty()) continue;
+      out << ", " << memory::format_bytes(static_cast<std::int64_t>(std::stod(other)))
+          << (level == std::string("none") ? " without sharding"
+                                           : std::string(" with --shard ") + level);
+    }
     out << "\n";
   }
 }

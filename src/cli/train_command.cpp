@@ -258,8 +258,8 @@ void read_reduction(const po::variables_map& vm, train::TrainOptions& o) {
   if (o.overlap != "auto" && o.overlap != "on" && o.overlap != "off")
     throw UsageError("--overlap: '" + o.overlap + "' is not one of auto, on, off");
   o.shard = vm["shard"].as<std::string>();
-  if (o.shard != "none" && o.shard != "optimizer")
-    throw UsageError("--shard: '" + o.shard + "' is not one of none, optimizer");
+  if (o.shard != "none" && o.shard != "optimizer" && o.shard != "gradients")
+    throw UsageError("--shard: '" + o.shard + "' is not one of none, optimizer, gradients");
   o.bucket_mib = vm["bucket-mib"].as<double>();
   if (!(o.bucket_mib > 0) || !std::isfinite(o.bucket_mib) || o.bucket_mib > 4096)
     throw UsageError("--bucket-mib: must be a size in MiB above 0 and at most 4096");
@@ -420,14 +420,17 @@ void add_device_options(po::options_description_easy_init add) {
       "out-of-memory agreement). auto: on when the ranks "
       "span several nodes (CPU); on one node the all-reduce is shared memory and cheap; on "
       "GPUs (NCCL) only with on");
-  add("shard", po::value<std::string>()->default_value("none")->value_name("none|optimizer"),
+  add("shard",
+      po::value<std::string>()->default_value("none")->value_name("none|optimizer|gradients"),
       "optimizer: each rank keeps the optimizer state of, and updates, a 1/W slice of the "
       "parameters (gradients reduce-scattered, or reduced in buckets with --overlap, before the "
       "step's agreement; parameters all-gathered after an accepted step), so memory per rank "
-      "shrinks as ranks are "
-      "added");
+      "shrinks as ranks are added. gradients: also only its slice of the accumulated gradients "
+      "(every micro-batch's gradients reduced in buckets to the ranks owning them as backward "
+      "makes them)");
   add("bucket-mib", po::value<double>()->default_value(1, "1")->value_name("MIB"),
-      "--overlap: gradient bytes per bucket (a larger parameter makes a bucket of its own)");
+      "--overlap and --shard gradients: gradient bytes per bucket (a larger parameter makes a "
+      "bucket of its own)");
 }
 
 // Each rank's memory and share of the batch.

@@ -1717,7 +1717,7 @@ def bench_shard(work, reps, results):
 
     # Fixed bytes at 4 ranks: counted from the sizes, and as the memory model measured them.
     fixed = {}
-    for shard in ("none", "optimizer"):
+    for shard in ("none", "optimizer", "gradients"):
         _, o = shard_run(4, data, "1024,1024", ["--global-batch", 64, "--steps", 2,
                                                  "--memory-limit", "256MiB", "--shard", shard])
         counted = max(int(b) for b in o["fixed_bytes_counted"].split(","))
@@ -1728,14 +1728,21 @@ def bench_shard(work, reps, results):
     out["fixed"] = fixed
     out["fixed_ratio"] = fixed["optimizer"]["counted"] / fixed["none"]["counted"]
     out["fixed_ratio_measured"] = fixed["optimizer"]["measured"] / fixed["none"]["measured"]
+    out["fixed_ratio_gradients"] = fixed["gradients"]["counted"] / fixed["none"]["counted"]
+    out["fixed_ratio_gradients_measured"] = (fixed["gradients"]["measured"] /
+                                             fixed["none"]["measured"])
 
     # The widest model under one limit.
-    widths = {shard: largest_width(4, data, shard) for shard in ("none", "optimizer")}
+    widths = {shard: largest_width(4, data, shard)
+              for shard in ("none", "optimizer", "gradients")}
     out["widths"] = widths
     out["largest_ratio"] = (mlp_parameters(widths["optimizer"]) /
                             max(1, mlp_parameters(widths["none"])))
+    out["largest_ratio_gradients"] = (mlp_parameters(widths["gradients"]) /
+                                      max(1, mlp_parameters(widths["none"])))
     log(f"  widest under {SHARD_LIMIT} per rank at 4 ranks: {widths['none']} unsharded, "
-        f"{widths['optimizer']} sharded ({out['largest_ratio']:.2f}x the parameters)")
+        f"{widths['optimizer']} sharded ({out['largest_ratio']:.2f}x the parameters), "
+        f"{widths['gradients']} with gradients sharded ({out['largest_ratio_gradients']:.2f}x)")
 
     # One model, one limit, 2 and 4 ranks: the widest that trains sharded at 2 ranks.
     width = largest_width(2, data, "optimizer")
@@ -1770,6 +1777,21 @@ def bench_shard(work, reps, results):
         log(f"  rep {rep + 1}/{reps} one node: step {times['none'] * 1e3:.0f} ms unsharded, "
             f"{times['optimizer'] * 1e3:.0f} ms sharded (speed ratio {step['ratio'][-1]:.3f})")
     out["one_node"] = {k: spread(v) for k, v in step.items()}
+
+    # --shard gradients with one micro-batch per rank (no accumulation), 2 ranks on one node.
+    alone = {"none": [], "gradients": [], "ratio": []}
+    for rep in range(reps):
+        times = {}
+        for shard in ("none", "gradients"):
+            _, o = shard_run(2, data, "2048,2048", ["--global-batch", 64, "--micro-batch", 32,
+                                                     "--steps", 12, "--shard", shard])
+            times[shard] = float(np.median(o["steps/step_seconds"][3:]))
+            alone[shard].append(times[shard])
+        alone["ratio"].append(times["none"] / times["gradients"])
+        log(f"  rep {rep + 1}/{reps} one node, one micro-batch: step {times['none'] * 1e3:.0f} ms "
+            f"unsharded, {times['gradients'] * 1e3:.0f} ms gradients sharded (speed ratio "
+            f"{alone['ratio'][-1]:.3f})")
+    out["one_node_gradients"] = {k: spread(v) for k, v in alone.items()}
 
     # Across two simulated nodes, links at 1 Gbit/s.
     state, env = start_two_nodes(work)
@@ -1871,14 +1893,22 @@ def render_shard(results):
              f"{r['fixed_ratio']:.3f} counted ({f['optimizer']['counted'] * mib:.2f} / "
              f"{f['none']['counted'] * mib:.2f} MiB); {r['fixed_ratio_measured']:.3f} measured | "
              f"<= 0.65 measured | {yes(r['fixed_ratio_measured'] <= 0.65)} |",
+             f"| the same with gradients sharded too (`--shard gradients`) | "
+             f"{r['fixed_ratio_gradients']:.3f} counted ({f['gradients']['counted'] * mib:.2f} "
+             f"MiB); {r['fixed_ratio_gradients_measured']:.3f} measured | <= 0.47 measured | "
+             f"{yes(r['fixed_ratio_gradients_measured'] <= 0.47)} |",
              f"| the memory model's measured fixed part / the count, at 4 ranks | "
-             f"{f['optimizer']['measured'] / f['optimizer']['counted']:.3f} sharded, "
+             f"{f['gradients']['measured'] / f['gradients']['counted']:.3f} gradients, "
+             f"{f['optimizer']['measured'] / f['optimizer']['counted']:.3f} optimizer, "
              f"{f['none']['measured'] / f['none']['counted']:.3f} unsharded | within 3% | "
              f"{yes(all(abs(f[k]['measured'] / f[k]['counted'] - 1) <= 0.03 for k in f))} |",
              f"| widest MLP 784-w-w-10 training under {r['limit']} per rank at 4 ranks | "
              f"w = {w['optimizer']} sharded, {w['none']} unsharded: "
              f"{r['largest_ratio']:.2f}x the parameters | >= 1.5x | "
              f"{yes(r['largest_ratio'] >= 1.5)} |",
+             f"| the same with `--shard gradients` | w = {w['gradients']}: "
+             f"{r['largest_ratio_gradients']:.2f}x the parameters of unsharded | >= 2x | "
+             f"{yes(r['largest_ratio_gradients'] >= 2)} |",
              f"| w = {sc['width']} under {r['limit']}: automatic micro-batch at 2 and 4 ranks | "
              f"{sc['2']['micro_batch']} ({sc['2']['oom_retries']} out-of-memory) and "
              f"{sc['4']['micro_batch']} ({sc['4']['oom_retries']}); parameters after 3 steps "
@@ -1886,7 +1916,11 @@ def render_shard(results):
              f"{yes(sc['4']['micro_batch'] > sc['2']['micro_batch'] and sc['4']['oom_retries'] <= 1 and sc['agreement'] <= 1e-6)} |",
              f"| step speed at micro-batch 32, 2 ranks on one node, sharded / unsharded "
              f"(MLP 784-2048-2048-10) | {fmt(r['one_node']['ratio'], 3)} | >= 0.95 | "
-             f"{yes(r['one_node']['ratio']['median'] >= 0.95)} |"]
+             f"{yes(r['one_node']['ratio']['median'] >= 0.95)} |",
+             f"| step speed at one micro-batch of 32 per rank (no accumulation), 2 ranks on one "
+             f"node, `--shard gradients` / unsharded | "
+             f"{fmt(r['one_node_gradients']['ratio'], 3)} | >= 0.95 | "
+             f"{yes(r['one_node_gradients']['ratio']['median'] >= 0.95)} |"]
     if "two_nodes" in r:
         t = r["two_nodes"]
         lines.append(f"| step speed across two simulated nodes, links at 1 Gbit/s, sharded with "

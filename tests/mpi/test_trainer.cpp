@@ -221,7 +221,8 @@ TEST_F(TrainerTest, ExactlyOneGradientCollectivePerStep) {
 // same two collectives), one all-gather per step, and the same parameters as every rank holding
 // everything, for SGD with momentum and for AdamW with weight decay and clipping, with rank 1
 // running out of memory alone at step 2.
-TEST_F(TrainerTest, ShardedStepsTakeTwoReductionsPerAttemptAndEqualTheUnshardedRun) {
+TEST_F(TrainerTest,
+       ShardedStepsTakeTwoReductionsPerAttemptAndEqualTheUnshardedRun) {  // and --shard gradients
   for (const std::string optimizer : {"sgd", "adamw"}) {
     TrainOptions o = base(40, 6);
     o.optimizer = optimizer;
@@ -249,6 +250,20 @@ TEST_F(TrainerTest, ShardedStepsTakeTwoReductionsPerAttemptAndEqualTheUnshardedR
     ASSERT_EQ(a.size(), b.size());
     for (std::size_t i = 0; i < a.size(); ++i)
       EXPECT_LT(relative_error(a[i], b[i]), 1e-6) << optimizer << " parameter " << i;
+
+    // --shard gradients: every micro-batch's buckets reduced to their owners (more reductions
+    // than the optimizer level's one per attempt), the same all-gathers and parameters.
+    comm::MpiCommunicator counted_sliced;
+    o.shard = "gradients";
+    Trainer sliced(o, counted_sliced);
+    const TrainResult g = sliced.run();
+    EXPECT_EQ(g.final_micro_batches, w.final_micro_batches);
+    EXPECT_GT(counted_sliced.data_allreduce_calls(), counted.data_allreduce_calls());
+    EXPECT_EQ(counted_sliced.data_allgather_calls(), 6u) << optimizer;
+    EXPECT_TRUE(equal_on_every_rank(world, sliced.model()));
+    auto c = sliced.model().parameters();
+    for (std::size_t i = 0; i < c.size(); ++i)
+      EXPECT_LT(relative_error(c[i], b[i]), 1e-6) << optimizer << " gradients, parameter " << i;
   }
 }
 

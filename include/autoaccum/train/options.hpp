@@ -110,8 +110,9 @@ struct TrainOptions {
   std::string overlap = "auto";  // auto | on | off
   // --shard optimizer: each rank keeps optimizer state for, and updates, a 1/W slice of the
   // parameters; the gradients are reduce-scattered and the parameters all-gathered
-  // (train/reducer.hpp). none: every rank holds and updates everything.
-  std::string shard = "none";  // none | optimizer
+  // (train/reducer.hpp). gradients: also only its slice of the accumulated gradients, every
+  // micro-batch's reduced in buckets during backward. none: every rank holds everything.
+  std::string shard = "none";  // none | optimizer | gradients
   double bucket_mib = 1;       // --bucket-mib: the size of a bucket (measured: docs/benchmarks.md)
   // --collective-timeout: the deadline of every collective (comm/watchdog.hpp); 0: none.
   double collective_timeout_seconds = 600;

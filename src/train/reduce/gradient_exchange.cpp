@@ -23,16 +23,35 @@ GradientExchange::GradientExchange(const TrainOptions& options, comm::Communicat
       comm_(comm),
       gradient_comm_(gradient_comm),
       world_(comm.size()),
-      sharded_(options.shard == "optimizer" && comm.size() > 1),
+      level_(comm.size() == 1               ? ShardLevel::kNone
+             : options.shard == "optimizer" ? ShardLevel::kOptimizer
+             : options.shard == "gradients" ? ShardLevel::kGradients
+                                            : ShardLevel::kNone),
       trainable_(trainable),
       sizes_(sizes) {
-  for (const at::Tensor& p : trainable_)
-    trainable_elements_ += p.numel();
-  if (sharded_) {
-    // Parameters in reverse order, as the replicated buffer binds them: rank 0 owns the slice
-    // that holds the last layers.
+  std::vector<std::int64_t> sizes_in_binding_order;
+  for (auto p = trainable_.rbegin(); p != trainable_.rend(); ++p) {
+    trainable_elements_ += p->numel();
+    largest_ = std::max(largest_, p->numel());
+    sizes_in_binding_order.push_back(p->numel());
+  }
+  // --shard gradients: buckets of --bucket-mib, but at most a quarter of a rank's slice, so that
+  // the staging bucket (less than two buckets) never holds back much of what the level saves.
+  const std::int64_t slice = (trainable_elements_ + world_ - 1) / world_;
+  const auto bucket = std::max<std::int64_t>(
+      4, std::min(static_cast<std::int64_t>(options.bucket_mib * 1024.0 * 1024.0), slice));
+  sliced_bucket_bytes_ = bucket;
+  staging_floats_ = gradient_staging_floats(sizes_in_binding_order, bucket);
+  // Parameters in reverse order, as the replicated buffer binds them: rank 0 owns the slice
+  // that holds the last layers.
+  if (level_ == ShardLevel::kOptimizer) {
     reducer_ = sharded_reducer(gradient_comm_, comm_, trainable_, sizes_.buffer_floats,
                                sizes_.control_floats, device);
+    return;
+  }
+  if (level_ == ShardLevel::kGradients) {
+    reducer_ = gradient_sharded_reducer(gradient_comm_, comm_, trainable_, sizes_.buffer_floats,
+                                        sizes_.control_floats, bucket, device);
     return;
   }
   ReduceLayout layout;
@@ -70,7 +89,8 @@ void GradientExchange::choose_overlap(bool use_cuda) {
       overlap = false;
     }
   });
-  if (!overlap) return;
+  // --shard gradients sends its buckets during every backward pass whatever --overlap says.
+  if (!overlap || level_ == ShardLevel::kGradients) return;
   comm::collectively(comm_, [&] {
     const auto bytes = static_cast<std::int64_t>(options_.bucket_mib * 1024.0 * 1024.0);
     const Reducer::Binding bound = reducer_->binding();
@@ -96,7 +116,15 @@ void GradientExchange::check_views() {
 
 std::string GradientExchange::description() const {
   std::ostringstream text;
-  if (sharded_) {
+  if (level_ == ShardLevel::kGradients) {
+    text << "sharded (--shard gradients): every micro-batch's gradients reduced to the ranks "
+            "owning each slice as its backward pass makes them, "
+         << buckets() << " bucket(s) of " << memory::format_bytes(bucket_bytes())
+         << " in reverse parameter order, then the step's control values; an all-gather of the "
+            "parameters per step";
+    return text.str();
+  }
+  if (level_ == ShardLevel::kOptimizer) {
     text << "sharded (--shard optimizer): ";
     if (bucketed_) {
       text << "reduced to the ranks owning each slice, overlapped with the last backward pass: "
@@ -127,30 +155,48 @@ std::size_t GradientExchange::nodes() const {
   return static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
 }
 
-std::vector<std::int64_t> GradientExchange::fixed_bytes(bool sharded_state,
-                                                        int state_floats) const {
+std::size_t GradientExchange::buckets() const {
+  if (level_ == ShardLevel::kGradients) {
+    std::vector<std::int64_t> sizes;
+    for (auto p = trainable_.rbegin(); p != trainable_.rend(); ++p)
+      sizes.push_back(p->numel());
+    return gradient_buckets(sizes, bucket_bytes()).size();
+  }
+  return bucketed_ ? bucketed_->buckets().size() : 0;
+}
+
+std::int64_t GradientExchange::bucket_bytes() const {
+  if (level_ == ShardLevel::kGradients) return sliced_bucket_bytes_;
+  return bucketed_ ? bucketed_->bucket_bytes() : 0;
+}
+
+std::vector<std::int64_t> GradientExchange::fixed_bytes(ShardLevel level, int state_floats) const {
   const std::int64_t tail = sizes_.buffer_floats + sizes_.control_floats;
   const std::int64_t frozen = static_cast<std::int64_t>(sizeof(float)) * sizes_.frozen_elements;
   const ShardLayout layout = shard_layout(world_, trainable_elements_, tail);
   std::vector<std::int64_t> out;
   for (int r = 0; r < world_; ++r) {
-    out.push_back(frozen +
-                  (sharded_state && world_ > 1
-                       ? sharded_fixed_bytes(layout, r, state_floats).total()
-                       : replicated_fixed_bytes(trainable_elements_, tail, state_floats).total()));
+    out.push_back(
+        frozen +
+        train::fixed_bytes(level, layout, r, state_floats, largest_, staging_floats_).total());
   }
   return out;
 }
 
 std::string GradientExchange::fixed_bytes_text(int state_floats) const {
-  const auto largest = [](const std::vector<std::int64_t>& v) {
-    return memory::format_bytes(*std::max_element(v.begin(), v.end()));
-  };
-  const std::string whole = largest(fixed_bytes(false, state_floats));
-  const std::string sliced = largest(fixed_bytes(true, state_floats));
-  return "fixed bytes per rank (parameters, gradients, optimizer state): " +
-         (sharded_ ? sliced + " sharded (--shard optimizer), " + whole + " without"
-                   : whole + ", " + sliced + " with --shard optimizer");
+  std::string text =
+      "fixed bytes per rank (parameters, gradients, optimizer state; gradients "
+      "sharded: with a staging bucket and the largest gradient as made):";
+  for (const ShardLevel level :
+       {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients}) {
+    const std::vector<std::int64_t> bytes = fixed_bytes(level, state_floats);
+    text += std::string(level == ShardLevel::kNone ? " " : ", ") +
+            memory::format_bytes(*std::max_element(bytes.begin(), bytes.end())) +
+            (level == ShardLevel::kNone ? " unsharded"
+                                        : std::string(" with --shard ") + to_string(level)) +
+            (level == level_ ? " (this run)" : "");
+  }
+  return text;
 }
 
 }  // namespace autoaccum::train

@@ -29,8 +29,8 @@ class ReplicatedReduce final : public Reducer {
     buffer_.zero();
     if (bucketed_) bucketed_->begin();
   }
-  void arm(const at::Tensor& loss) override {
-    if (bucketed_) bucketed_->arm(loss);
+  void before_backward(const at::Tensor& loss, bool last) override {
+    if (last && bucketed_) bucketed_->arm(loss);
   }
   at::Tensor part(Part part) override {
     return buffer_.view(part == Part::kBuffers ? buffers_ : control_);
@@ -86,20 +86,19 @@ class ShardedReduce final : public Reducer {
         tail_label_(control_values_label(gradient_comm)),
         bound_(trainable.rbegin(), trainable.rend()) {
     std::int64_t elements = 0;
-    for (const auto& p : trainable) {
-      if (p.scalar_type() != at::kFloat) {
-        throw UsageError("--shard optimizer: the trainable parameters must be float32 (one is " +
-                         std::string(c10::toString(p.scalar_type())) +
-                         "); --precision bf16 and fp16 keep float32 parameters");
-      }
+    for (const auto& p : trainable)
       elements += p.numel();
-    }
     layout_ = shard_layout(gradient_comm.size(), elements, buffer_floats + control_floats);
     const std::int64_t padded = layout_.world * layout_.slice;
     const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
     flat_ = at::zeros({padded}, options);
     reduce_ = at::zeros({padded + layout_.tail}, options);
-    bind(trainable);
+    layout_.offsets = move_into_flat(trainable, flat_);
+    // Each gradient a view of the same place of `reduce_`.
+    for (std::size_t k = 0; k < trainable.size(); ++k) {
+      at::Tensor p = trainable[k];
+      p.mutable_grad() = reduce_.narrow(0, layout_.offsets[k], p.numel()).view(p.sizes());
+    }
     const std::int64_t mine = layout_.end(rank_) - layout_.begin(rank_);
     gradients_ = reduce_.narrow(0, layout_.begin(rank_), mine);
     at::Tensor slice = flat_.narrow(0, layout_.begin(rank_), mine).detach();
@@ -112,8 +111,8 @@ class ShardedReduce final : public Reducer {
     reduce_.zero_();
     if (bucketed_) bucketed_->begin();
   }
-  void arm(const at::Tensor& loss) override {
-    if (bucketed_) bucketed_->arm(loss);
+  void before_backward(const at::Tensor& loss, bool last) override {
+    if (last && bucketed_) bucketed_->arm(loss);
   }
   at::Tensor part(Part part) override {
     const std::int64_t tail = layout_.world * layout_.slice;
@@ -161,26 +160,6 @@ class ShardedReduce final : public Reducer {
   void send_in_buckets(BucketedReduce& buckets) override { bucketed_ = &buckets; }
 
  private:
-  // Moves each parameter's data into `flat_` and binds its gradient to the same place of
-  // `reduce_`, last parameter first; records where each starts.
-  void bind(const std::vector<at::Tensor>& trainable) {
-    layout_.offsets.assign(trainable.size(), 0);
-    std::int64_t offset = 0;
-    for (std::size_t k = trainable.size(); k-- > 0;) {
-      at::Tensor p = trainable[k];
-      const std::int64_t n = p.numel();
-      at::Tensor place = flat_.narrow(0, offset, n).view(p.sizes());
-      {
-        const at::NoGradGuard no_grad;
-        place.copy_(p);
-      }
-      p.set_data(place);
-      p.mutable_grad() = reduce_.narrow(0, offset, n).view(p.sizes());
-      layout_.offsets[k] = offset;
-      offset += n;
-    }
-  }
-
   comm::Communicator& comm_;
   comm::Communicator& control_comm_;
   int rank_;
@@ -203,16 +182,55 @@ ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail) {
   return layout;
 }
 
-FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int state_floats) {
-  constexpr std::int64_t kFloat = sizeof(float);
-  return {kFloat * elements, kFloat * (elements + tail), kFloat * state_floats * elements};
+std::vector<std::int64_t> move_into_flat(const std::vector<at::Tensor>& trainable,
+                                         at::Tensor& flat) {
+  std::vector<std::int64_t> offsets(trainable.size(), 0);
+  std::int64_t offset = 0;
+  for (std::size_t k = trainable.size(); k-- > 0;) {
+    at::Tensor p = trainable[k];
+    if (p.scalar_type() != at::kFloat) {
+      throw UsageError("--shard: the trainable parameters must be float32 (one is " +
+                       std::string(c10::toString(p.scalar_type())) +
+                       "); --precision bf16 and fp16 keep float32 parameters");
+    }
+    const std::int64_t n = p.numel();
+    at::Tensor place = flat.narrow(0, offset, n).view(p.sizes());
+    {
+      const at::NoGradGuard no_grad;
+      place.copy_(p);
+    }
+    p.set_data(place);
+    offsets[k] = offset;
+    offset += n;
+  }
+  return offsets;
 }
 
-FixedBytes sharded_fixed_bytes(const ShardLayout& layout, int rank, int state_floats) {
+const char* to_string(ShardLevel level) {
+  switch (level) {
+    case ShardLevel::kNone:
+      return "none";
+    case ShardLevel::kOptimizer:
+      return "optimizer";
+    case ShardLevel::kGradients:
+      return "gradients";
+  }
+  return "?";
+}
+
+FixedBytes fixed_bytes(ShardLevel level, const ShardLayout& layout, int rank, int state_floats,
+                       std::int64_t largest, std::int64_t staging) {
   constexpr std::int64_t kFloat = sizeof(float);
+  if (level == ShardLevel::kNone || layout.world == 1) {
+    const std::int64_t p = layout.elements;
+    return {kFloat * p, kFloat * (p + layout.tail), kFloat * state_floats * p, 0};
+  }
   const std::int64_t padded = layout.world * layout.slice;
-  return {kFloat * padded, kFloat * (padded + layout.tail),
-          kFloat * state_floats * (layout.end(rank) - layout.begin(rank))};
+  const std::int64_t mine = layout.end(rank) - layout.begin(rank);
+  const std::int64_t gradients =
+      level == ShardLevel::kOptimizer ? padded + layout.tail : mine + layout.tail + staging;
+  const std::int64_t transient = level == ShardLevel::kGradients ? kFloat * largest : 0;
+  return {kFloat * padded, kFloat * gradients, kFloat * state_floats * mine, transient};
 }
 
 std::unique_ptr<Reducer> replicated_reducer(comm::Communicator& comm, ReduceBuffer& buffer,

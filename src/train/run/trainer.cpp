@@ -46,7 +46,7 @@ Model& Trainer::model() {
 
 at::Tensor Trainer::last_gradient() const {
   if (state_->sharded())
-    throw Error("last_gradient: under --shard optimizer a rank holds only its slice of the sum");
+    throw Error("last_gradient: under --shard a rank holds only its slice of the sum");
   // In parameter order (the buffer holds them in reverse).
   std::vector<at::Tensor> flat;
   for (const auto& p : state_->bundle->parameters().trainable)

@@ -57,8 +57,12 @@ io::RunLogHeader Trainer::State::run_log_header() const {
   header.hostnames = comm.hosts();  // gathered when the communicator was made
   // Each rank's fixed bytes, as this run holds them: "1234,1234,1230" (schema 12).
   const auto state_floats = static_cast<int>(optimizer->state_kinds().size());
+  const auto largest_fixed_bytes = [&](ShardLevel level) {
+    const std::vector<std::int64_t> bytes = exchange->fixed_bytes(level, state_floats);
+    return static_cast<double>(*std::max_element(bytes.begin(), bytes.end()));
+  };
   std::string fixed_bytes_list;
-  for (const std::int64_t b : exchange->fixed_bytes(sharded(), state_floats))
+  for (const std::int64_t b : exchange->fixed_bytes(exchange->level(), state_floats))
     fixed_bytes_list += (fixed_bytes_list.empty() ? "" : ",") + std::to_string(b);
   header.text = {
       {"model", bundle->model().describe()},
@@ -73,7 +77,7 @@ io::RunLogHeader Trainer::State::run_log_header() const {
       {"micro_batch_scope", sizing.micro_batches().per_rank() ? "rank" : "global"},
       {"balance", balance_text()},
       {"overlap", exchange->description()},
-      {"shard", sharded() ? "optimizer" : "none"},
+      {"shard", to_string(exchange->level())},
       {"micro_batch_cost", feed.cut_text()},
       {"fixed_bytes_counted", fixed_bytes_list},
       {"precision", to_string(options.precision)},
@@ -91,8 +95,9 @@ io::RunLogHeader Trainer::State::run_log_header() const {
       {"global_batch_tokens", static_cast<double>(options.global_batch_tokens)},
       {"gradient_buckets", static_cast<double>(exchange->buckets())},
       {"bucket_bytes", static_cast<double>(exchange->bucket_bytes())},
-      {"fixed_bytes_counted_unsharded",
-       static_cast<double>(exchange->fixed_bytes(false, state_floats).front())}};
+      {"fixed_bytes_counted_unsharded", largest_fixed_bytes(ShardLevel::kNone)},
+      {"fixed_bytes_counted_optimizer", largest_fixed_bytes(ShardLevel::kOptimizer)},
+      {"fixed_bytes_counted_gradients", largest_fixed_bytes(ShardLevel::kGradients)}};
   return header;
 }
 

@@ -423,10 +423,10 @@ void Trainer::State::allocate_step_state() {
                       at::TensorOptions(context.device).dtype(at::kByte));
     });
   });
-  if (options.shard == "optimizer" && world == 1)
-    reporter.note(
-        "--shard optimizer on one rank: nothing to shard; the optimizer state "
-        "stays whole on this rank");
+  if (options.shard != "none" && world == 1)
+    reporter.note("--shard " + options.shard +
+                  " on one rank: nothing to shard; the optimizer state and the gradients "
+                  "stay whole on this rank");
   exchange->choose_overlap(context.use_cuda);
   optimizer_checkpoint = std::make_unique<OptimizerCheckpoint>(
       comm, *optimizer, exchange->reducer(), bundle->parameters().trainable,

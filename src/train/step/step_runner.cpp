@@ -152,6 +152,7 @@ StepOutcome StepRunner::attempt(const data::Batch& slab, std::int64_t m, ProbePi
     // Lower precision: each weight cast once for all the attempt's micro-batches.
     const CastCacheScope casts(options_.precision);
     const data::MicroBatchPlan cut = plan_attempt(slab, m, probe, report);
+    exchange_.reducer().expect_micro_batches(static_cast<std::int64_t>(cut.pieces.size()));
     run_pieces(slab, cut, probe != ProbePiece::kNone, progress);
   } catch (const std::exception& e) {
     if (!watch.explains(e)) {
@@ -270,10 +271,12 @@ void StepRunner::run_micro_batch(const data::Batch& slab, const data::MicroBatch
   if (loss_scale_.enabled()) scaled = scaled * loss_scale_.value();
   if (first && drills_.overflow(step_))
     scaled = scaled * std::numeric_limits<double>::infinity();  // --inject-overflow
-  if (last)
-    exchange_.reducer().arm(scaled);  // --overlap: gradients go in buckets as backward makes them
+  // --overlap (the last micro-batch) and --shard gradients (every one): gradients go in buckets
+  // as backward makes them.
+  exchange_.reducer().before_backward(scaled, last);
   drills_.arm_backward(piece.size(), step_);  // --inject-oom ...,backward=1
   scaled.backward();
+  exchange_.reducer().after_backward();
   // Summed in double: a rank's count of tokens may pass 2^24.
   const at::Tensor loss_term = terms.sum.detach().to(at::kDouble);
   const at::Tensor weight_term = terms.weight.to(at::kDouble);

@@ -37,8 +37,9 @@ class GradientExchange {
   GradientExchange(const GradientExchange&) = delete;
   GradientExchange& operator=(const GradientExchange&) = delete;
 
-  // --shard optimizer on more than one rank.
-  bool sharded() const { return sharded_; }
+  // --shard optimizer or gradients on more than one rank (kNone on one rank).
+  ShardLevel level() const { return level_; }
+  bool sharded() const { return level_ != ShardLevel::kNone; }
   // Collective: whether the gradients go in buckets during the last backward pass (--overlap;
   // auto: between nodes, on CPUs), all-reduced or, sharded, reduced to their owners.
   void choose_overlap(bool use_cuda);
@@ -53,14 +54,14 @@ class GradientExchange {
   void check_views();
 
   // For the banner and the run log: how the gradients travel, the buckets, the nodes the ranks
-  // span, and each rank's fixed bytes (FixedBytes::total with the frozen parameters) as this
-  // exchange holds them (`sharded_state`) or would, for an optimizer keeping `state_floats` per
-  // element.
+  // span, and each rank's fixed bytes (FixedBytes::total with the frozen parameters) at `level`
+  // (this exchange's or another), for an optimizer keeping `state_floats` per element.
   std::string description() const;
-  std::size_t buckets() const { return bucketed_ ? bucketed_->buckets().size() : 0; }
-  std::int64_t bucket_bytes() const { return bucketed_ ? bucketed_->bucket_bytes() : 0; }
+  std::size_t buckets() const;
+  std::int64_t bucket_bytes() const;
   std::size_t nodes() const;
-  std::vector<std::int64_t> fixed_bytes(bool sharded_state, int state_floats) const;
+  std::vector<std::int64_t> fixed_bytes(ShardLevel level, int state_floats) const;
+  // Every level's largest, this one's marked: "... 40.1 MiB with --shard optimizer (this run)".
   std::string fixed_bytes_text(int state_floats) const;
 
  private:
@@ -68,9 +69,11 @@ class GradientExchange {
   comm::Communicator& comm_;
   comm::Communicator& gradient_comm_;
   int world_;
-  bool sharded_;
+  ShardLevel level_;
   std::vector<at::Tensor> trainable_;
-  std::int64_t trainable_elements_ = 0;
+  std::int64_t trainable_elements_ = 0, largest_ = 0;
+  std::int64_t sliced_bucket_bytes_ = 0, staging_floats_ = 0;  // --shard gradients (counted at
+                                                               // every level)
   Sizes sizes_;
   std::unique_ptr<ReduceBuffer> buffer_;  // replicated: gradients, buffer changes, control
   ReduceLayout::Handle gradient_region_ = 0, buffer_region_ = 0, control_region_ = 0;

@@ -19,6 +19,7 @@ namespace autoaccum::train {
 
 class ReduceBuffer;
 class BucketedReduce;
+struct Bucket;
 
 // --shard optimizer: rank r of W owns elements [r*S, (r+1)*S) of the flat parameter space
 // (S = ceil(P / W), the last rank's slice shorter or empty), keeps optimizer state only for
@@ -41,17 +42,31 @@ struct ShardLayout {
   std::int64_t end(int rank) const { return std::min(elements, slice * (rank + 1)); }
 };
 ShardLayout shard_layout(int world, std::int64_t elements, std::int64_t tail);
+// Moves each parameter's data into `flat` (float32, at least their size), last parameter first,
+// each keeping its identity; returns where each starts, in the order given. The parameters must
+// be float32 (UsageError).
+std::vector<std::int64_t> move_into_flat(const std::vector<at::Tensor>& trainable,
+                                         at::Tensor& flat);
 
 // What a rank holds whatever its micro-batch (the memory model's fixed part), counted from the
-// sizes: the trainable parameters, the gradients' buffer (with the tail) and the optimizer's state
-// (`state_floats` per element it steps: 2 for AdamW, 1 for SGD with momentum, 0 without). Frozen
-// parameters are the caller's to add. Sharded, parameters and gradients are padded to W * S.
+// sizes: the trainable parameters, the gradients (the buffer with the tail; sliced: this rank's
+// accumulator, the tail and the staging bucket), the optimizer's state (`state_floats` per
+// element it steps: 2 for AdamW, 1 for SGD with momentum, 0 without), and, with the gradients
+// sliced, the largest parameter's gradient as backward makes it before its bucket goes (with a
+// buffer, the built-in layers' backward accumulates into it in place: measured, nothing more).
+// Frozen parameters are the caller's to add. Sharded, parameters are padded to W * S.
 struct FixedBytes {
-  std::int64_t parameters = 0, gradients = 0, optimizer = 0;
-  std::int64_t total() const { return parameters + gradients + optimizer; }
+  std::int64_t parameters = 0, gradients = 0, optimizer = 0, transient = 0;
+  std::int64_t total() const { return parameters + gradients + optimizer + transient; }
 };
-FixedBytes replicated_fixed_bytes(std::int64_t elements, std::int64_t tail, int state_floats);
-FixedBytes sharded_fixed_bytes(const ShardLayout& layout, int rank, int state_floats);
+// How much of the step's state each rank keeps: everything; its slice of the optimizer state
+// (--shard optimizer); and also its slice of the accumulated gradients (--shard gradients).
+enum class ShardLevel { kNone, kOptimizer, kGradients };
+const char* to_string(ShardLevel level);
+// `largest`: the largest trainable parameter's elements; `staging`: the floats of the
+// gradients level's staging bucket (gradient_staging_floats).
+FixedBytes fixed_bytes(ShardLevel level, const ShardLayout& layout, int rank, int state_floats,
+                       std::int64_t largest, std::int64_t staging);
 
 // What an attempt hands to the step's collective, and what it reads back. The attempt writes
 // its contribution into part(kBuffers) (the model's buffer changes: BatchNorm statistics) and
@@ -65,8 +80,18 @@ class Reducer {
   virtual ~Reducer() = default;
 
   virtual void begin() = 0;  // a new attempt: every gradient and both parts zero
-  // The attempt's last backward pass, from `loss`, is about to run (--overlap sends buckets).
-  virtual void arm(const at::Tensor& loss) { (void)loss; }
+  // The attempt's micro-batches on this rank, once planned (--shard gradients reduces every
+  // micro-batch's gradients, and every rank must issue as many collectives as the rank with the
+  // most: an all-reduce of the counts on the control plane). A rank that fails before it calls
+  // this makes the same collective in reduce(), with 0.
+  virtual void expect_micro_batches(std::int64_t count) { (void)count; }
+  // A micro-batch's backward pass, from `loss`, is about to run (`last`: the attempt's last;
+  // --overlap sends its buckets), and has run.
+  virtual void before_backward(const at::Tensor& loss, bool last) {
+    (void)loss;
+    (void)last;
+  }
+  virtual void after_backward() {}
   // Before reduce(): this rank's contribution (written in place); after: the sum over ranks.
   virtual at::Tensor part(Part part) = 0;
   // The step's collectives. Every rank calls it once per attempt, whatever happened to it.
@@ -118,5 +143,30 @@ std::unique_ptr<Reducer> sharded_reducer(comm::Communicator& gradient_comm,
                                          const std::vector<at::Tensor>& trainable,
                                          std::int64_t buffer_floats, std::int64_t control_floats,
                                          c10::Device device);
+
+// --shard gradients (sliced_gradients.cpp): the same layout, but no rank holds a whole gradient
+// buffer. During every micro-batch's backward pass each parameter's gradient, once made, is
+// copied into a staging bucket and freed; a bucket goes, in the fixed bucket order, as one
+// reduce to each rank owning some of it, which adds its part into its accumulator of S floats.
+// Every rank issues every bucket's reduces for every micro-batch up to the largest count any
+// rank has in the attempt (expect_micro_batches), zeros where it has no micro-batch or failed,
+// then the tail; the tail's flags decide as in the other levels, and begin() zeroes the
+// accumulator of an attempt that did not count. Buckets of `bucket_bytes`, cut as --overlap
+// cuts them.
+std::unique_ptr<Reducer> gradient_sharded_reducer(comm::Communicator& gradient_comm,
+                                                  comm::Communicator& control_comm,
+                                                  const std::vector<at::Tensor>& trainable,
+                                                  std::int64_t buffer_floats,
+                                                  std::int64_t control_floats,
+                                                  std::int64_t bucket_bytes, c10::Device device);
+// --shard gradients' buckets over parameters of `sizes` (binding order) from float 0: whole
+// parameters, each bucket closed once it holds `bucket_bytes`, and a parameter of that size or
+// more alone in its own (it goes from its gradient, with no staging copy), so no staged bucket
+// reaches twice the size. Every parameter is in exactly one bucket, in order, without gaps.
+std::vector<Bucket> gradient_buckets(const std::vector<std::int64_t>& sizes,
+                                     std::int64_t bucket_bytes);
+// The floats of the staging bucket: the largest bucket of more than one parameter.
+std::int64_t gradient_staging_floats(const std::vector<std::int64_t>& sizes,
+                                     std::int64_t bucket_bytes);
 
 }  // namespace autoaccum::train
