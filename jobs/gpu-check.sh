@@ -224,7 +224,7 @@ check() {  # name, command...: passes only when it ran, exited 0 and skipped not
 }
 # NCCL refuses two ranks on one GPU: one rank per GPU, at most 4.
 ranks=$((gpus < 1 ? 1 : (gpus > 4 ? 4 : gpus)))
-say "checks: NCCL all-reduce at $ranks rank(s); gpu_trainer (real CUDA OOM halved, --memory-limit as a memory fraction, the CPU gradient, bf16 and fp16 with the loss scale, a CPU checkpoint resumed on the GPU, --overlap on queued on NCCL's stream equal to off, --shard optimizer reduce-scattering and all-gathering on NCCL equal to unsharded); the command line under a 2 GiB limit (halve and predict) with its run log read back"
+say "checks: NCCL all-reduce at $ranks rank(s); gpu_trainer (real CUDA OOM halved, --memory-limit as a memory fraction, the CPU gradient, bf16 and fp16 with the loss scale, a CPU checkpoint resumed on the GPU, --overlap on queued on NCCL's stream equal to off, --shard optimizer reduce-scattering and all-gathering on NCCL and --shard gradients reducing every micro-batch's buckets, both equal to unsharded); the command line under a 2 GiB limit (halve and predict) with its run log read back"
 check nccl-ranks-$ranks mpirun --oversubscribe -np "$ranks" "$mpi_comm" --gtest_filter='*HARDWARE*:*Nccl*'
 check gpu-trainer mpirun -np 1 "$gpu_trainer"
 data="$build/gpu-check-synth.h5"

@@ -234,7 +234,8 @@ TEST_F(GpuTrainerTest, OverlapQueuedOnNcclsStreamEqualsTheOneCollective) {
 // queued as ncclReduce to their owners on NCCL's stream during the last backward pass), the
 // step's control values all-reduced after them and the parameters all-gathered on NCCL's
 // communicator: an out-of-memory on the last rank halves every rank, and the parameters equal
-// the unsharded run's, with AdamW and clipping.
+// the unsharded run's, with AdamW and clipping. --shard gradients: every micro-batch's buckets
+// reduced to their owners (blocking ncclReduce from autograd's thread), the same parameters.
 TEST_F(GpuTrainerTest, ShardedOnNcclEqualsTheUnshardedRun) {
   if (!comm::nccl_built()) GTEST_SKIP() << "built without NCCL";
   TrainOptions o = base(512 * world.size(), 4);
@@ -262,6 +263,7 @@ TEST_F(GpuTrainerTest, ShardedOnNcclEqualsTheUnshardedRun) {
   const auto whole = train("none", "off");
   const auto sharded = train("optimizer", "off");
   const auto bucketed = train("optimizer", "on");
+  const auto sliced = train("gradients", "off");  // every micro-batch's buckets: ncclReduce
   if (world.rank() == 0 && world.size() > 1) {
     const auto log = io::read_run_log(dir + "/gpu-shard-optimizer-off.h5");
     EXPECT_EQ(log.attribute("shard"), "optimizer");
@@ -271,12 +273,15 @@ TEST_F(GpuTrainerTest, ShardedOnNcclEqualsTheUnshardedRun) {
         << overlapped.attribute("overlap");
     EXPECT_NE(overlapped.attribute("overlap").find("queued on NCCL's stream"), std::string::npos)
         << overlapped.attribute("overlap");
+    EXPECT_EQ(io::read_run_log(dir + "/gpu-shard-gradients-off.h5").attribute("shard"),
+              "gradients");
   }
   ASSERT_EQ(sharded.size(), whole.size());
   ASSERT_EQ(bucketed.size(), whole.size());
   for (std::size_t i = 0; i < sharded.size(); ++i) {
     EXPECT_LE(relative_error(sharded[i], whole[i]), 1e-6) << "parameter " << i;
     EXPECT_LE(relative_error(bucketed[i], whole[i]), 1e-6) << "parameter " << i << " (overlap)";
+    EXPECT_LE(relative_error(sliced[i], whole[i]), 1e-6) << "parameter " << i << " (gradients)";
   }
 }
 
