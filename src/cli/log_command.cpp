@@ -134,8 +134,8 @@ void print_shard(const RunLogData& log, std::ostream& out) {
     out << "  shard " << log.attribute("shard", "none") << ": fixed bytes per rank "
         << memory::format_bytes(most);
     if (least != most) out << " (least " << memory::format_bytes(least) << ")";
-    // Every other level's count, where the log has it (the optimizer and gradients levels' since
-    // schema 12 with --shard gradients; unsharded's before).
+    // Every other level's count, where the log has it (unsharded's since schema 12, the optimizer
+    // and gradients levels' since 15).
     const std::string shard = log.attribute("shard", "none");
     for (const char* level : {"none", "optimizer", "gradients"}) {
       const std::string other = log.attribute(std::string("fixed_bytes_counted_") +

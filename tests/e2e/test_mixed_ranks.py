@@ -53,7 +53,7 @@ class MixedRanks(TempDirTest):
         with h5py.File(log, "r") as f:
             ranks, micro = f["rank_sizes/rank"][:], f["rank_sizes/micro_batch"][:]
             world = int(f.attrs["world_size"])
-            self.assertEqual(f.attrs["schema_version"], 14)
+            self.assertEqual(f.attrs["schema_version"], 15)
         return [int(micro[ranks == r][-1]) for r in range(world)]
 
     def assert_equals_pytorch(self, world, log, checkpoint, global_batch, steps):

@@ -117,7 +117,7 @@ class RunLogIntegrity(unittest.TestCase):
             self.assertEqual(int(f["checkpoints/bytes"][-1]), size)
             self.assertEqual(int(f["checkpoints/bytes"][1]), os.path.getsize(checkpoint + ".step6"))
             self.assertTrue(np.all(f["checkpoints/seconds"][:] > 0))
-            self.assertEqual(int(f.attrs["schema_version"]), 14)
+            self.assertEqual(int(f.attrs["schema_version"]), 15)
         r = autoaccum(1, "log", log)
         self.assertIn(f"3 checkpoint(s), the last after step 7: {size / 2**20:.1f} MiB in", r.stdout)
         # Resumed from step 7 (its checkpoint) to 9: the rows up to 7 stay, one more at 9.

@@ -94,7 +94,7 @@ class RunLogEndToEnd(Run):
             for name in ROOT_ATTRIBUTES:
                 self.assertIn(name, f.attrs, name)
             self.assertEqual(text(f.attrs["format"]), "autoaccum.runlog")
-            self.assertEqual(int(f.attrs["schema_version"]), 14)
+            self.assertEqual(int(f.attrs["schema_version"]), 15)
             self.assertEqual(int(f.attrs["world_size"]), 2)
             self.assertEqual(int(f.attrs["global_batch"]), 200)
             self.assertEqual(text(f.attrs["micro_batch_mode"]), "auto")

@@ -19,7 +19,8 @@ inline constexpr const char* kRunLogFormat = "autoaccum.runlog";
 // 11: `resumes/skipped_checkpoints`, root attributes `resume_checkpoints` and `resume_skipped`.
 // 14: the `time_model` group (--micro-batch-cost auto), replacing 13's `memory_model/cost_fixed`
 //     and `seconds_per_token`; `steps/compute_seconds` and `steps/predicted_compute_seconds`.
-inline constexpr std::int64_t kRunLogSchemaVersion = 14;
+// 15: `shard` "gradients"; `fixed_bytes_counted_optimizer` and `fixed_bytes_counted_gradients`.
+inline constexpr std::int64_t kRunLogSchemaVersion = 15;
 
 struct StepRow {
   std::int64_t step = 0;

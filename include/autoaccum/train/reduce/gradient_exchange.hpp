@@ -72,8 +72,8 @@ class GradientExchange {
   ShardLevel level_;
   std::vector<at::Tensor> trainable_;
   std::int64_t trainable_elements_ = 0, largest_ = 0;
-  std::int64_t sliced_bucket_bytes_ = 0, staging_floats_ = 0;  // --shard gradients (counted at
-                                                               // every level)
+  // --shard gradients' bucket size and staging floats (known at every level, for the counts).
+  std::int64_t sliced_bucket_bytes_ = 0, staging_floats_ = 0;
   Sizes sizes_;
   std::unique_ptr<ReduceBuffer> buffer_;  // replicated: gradients, buffer changes, control
   ReduceLayout::Handle gradient_region_ = 0, buffer_region_ = 0, control_region_ = 0;

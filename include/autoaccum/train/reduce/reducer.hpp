@@ -145,14 +145,14 @@ std::unique_ptr<Reducer> sharded_reducer(comm::Communicator& gradient_comm,
                                          c10::Device device);
 
 // --shard gradients (sliced_gradients.cpp): the same layout, but no rank holds a whole gradient
-// buffer. During every micro-batch's backward pass each parameter's gradient, once made, is
-// copied into a staging bucket and freed; a bucket goes, in the fixed bucket order, as one
-// reduce to each rank owning some of it, which adds its part into its accumulator of S floats.
-// Every rank issues every bucket's reduces for every micro-batch up to the largest count any
-// rank has in the attempt (expect_micro_batches), zeros where it has no micro-batch or failed,
-// then the tail; the tail's flags decide as in the other levels, and begin() zeroes the
-// accumulator of an attempt that did not count. Buckets of `bucket_bytes`, cut as --overlap
-// cuts them.
+// buffer. During every micro-batch's backward pass each parameter's gradient, once made, waits
+// for its bucket (gradient_buckets, of `bucket_bytes`); a bucket goes, in the fixed bucket order,
+// copied into the staging buffer (or from its one parameter's gradient), as one reduce to each
+// rank owning some of it, which adds its part into its accumulator of S floats; its gradients
+// are then freed. Every rank issues every bucket's reduces for every micro-batch up to the
+// largest count any rank has in the attempt (expect_micro_batches), zeros where it has no
+// micro-batch or failed, then the tail; the tail's flags decide as in the other levels, and
+// begin() zeroes the accumulator of an attempt that did not count.
 std::unique_ptr<Reducer> gradient_sharded_reducer(comm::Communicator& gradient_comm,
                                                   comm::Communicator& control_comm,
                                                   const std::vector<at::Tensor>& trainable,
