@@ -15,6 +15,7 @@ packages=(
   libgtest-dev googletest libbenchmark-dev
   zlib1g-dev libxxhash-dev
   python3 python3-venv python3-h5py python3-torch python3-torchvision python3-numpy python3-matplotlib python3-xxhash
+  python3-jinja2
   slurmctld slurmd slurm-client munge iproute2
   dataset-fashion-mnist fortunes
 )

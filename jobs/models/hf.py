@@ -6,6 +6,8 @@
     jobs/models/hf.py import --model-file TRAINED.pt --out FOLDER
     jobs/models/hf.py import --checkpoint CK.h5 --model-file MODEL.pt --out FOLDER
     jobs/models/hf.py tokenize --from FOLDER --documents DOCS.h5 --out TOKENS.h5
+    jobs/models/hf.py data --from FOLDER --input FILE.jsonl --out DOCS.h5
+                           --text-field F | --prompt-field P --completion-field C | --messages-field M
     jobs/models/hf.py tiny --arch gpt2|llama|bert --out FOLDER      (random weights, for trying out)
 
 export: FOLDER is what `save_pretrained` wrote (config.json and, for fine-tuning, the weights;
@@ -23,6 +25,15 @@ runs `autoaccum export` first (which verifies the checkpoint's checksums).
 
 tokenize: re-tokenizes a document file of bytes (`autoaccum import text --documents ...`) with
 the folder's own tokenizer, one document at a time, into the same format (tokens, offsets).
+
+data: converts JSONL records (one object a line, optionally gzip-compressed) into document data
+with a labels dataset for `--targets labels`: text (the loss on every next token), a prompt and a
+completion (the loss on the completion and EOS only), or a chat conversation rendered by the
+folder's chat template (or --chat-template), the loss on each assistant turn's content and its
+end-of-turn marker only. Every position that predicts nothing to learn is labelled
+--ignore-index, so autoaccum's mean over the global batch's counted labels is the mean over the
+answers' tokens. A bad record stops the conversion with one line naming the file, line and
+field (--skip-bad skips and counts them); nothing is written unless the whole file converts.
 
 transformers comes from the cached environment jobs/models/hf-env.sh installs (pinned); this
 script re-runs itself there when the Python that started it has no transformers.
@@ -492,6 +503,237 @@ def tokenize(a):
 
 
 # ---------------------------------------------------------------------------------------------
+# data: JSONL records (text, prompt and completion, or chat messages) -> document data whose
+# per-token labels train only where the model should learn
+
+
+class BadRecord(Exception):
+    """One record that does not convert: the field and what is wrong (the caller adds where)."""
+
+
+def records(path):
+    """(line number, record) of a JSONL file, gzip-compressed when it ends in .gz; a line that is
+    not a JSON object is a BadRecord at its line."""
+    import gzip
+    if path.endswith(".parquet"):
+        raise Refused(f"--input '{path}': Parquet is not read yet (it needs pyarrow, which the "
+                      "cached environment does not have); convert it to JSONL")
+    if not os.path.exists(path):
+        raise Refused(f"--input '{path}': no such file")
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield number, BadRecord(f"not JSON ({e.msg} at column {e.colno})")
+                    continue
+                if not isinstance(record, dict):
+                    yield number, BadRecord(f"not a JSON object (a {type(record).__name__})")
+                    continue
+                yield number, record
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise Refused(f"--input '{path}': cannot be read ({e})")
+
+
+def text_field(record, name):
+    if name not in record:
+        raise BadRecord(f"field '{name}' is missing")
+    value = record[name]
+    if not isinstance(value, str):
+        raise BadRecord(f"field '{name}' is a {type(value).__name__}, not a string")
+    return value
+
+
+def rendered(tokenizer, template, messages, generation_prompt):
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+    except Exception as e:  # the template's own raise_exception, or a Jinja error
+        raise BadRecord(f"the chat template refused it: {str(e).strip().splitlines()[0]}")
+
+
+def conversation(tokenizer, template, record, name):
+    """(text, [character spans to learn]) of a chat record: each assistant turn's content and
+    what the template puts after it (its end-of-turn marker), not the role header before it."""
+    if name not in record:
+        raise BadRecord(f"field '{name}' is missing")
+    messages = record[name]
+    if not isinstance(messages, list) or not messages:
+        raise BadRecord(f"field '{name}' is " + ("an empty conversation" if messages == [] else
+                                                  f"a {type(messages).__name__}, not a list"))
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
+                not isinstance(m.get("content"), str):
+            raise BadRecord(f"field '{name}': message {k} is not {{role, content}} strings")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadRecord(f"field '{name}': no assistant turn to learn from")
+    text = rendered(tokenizer, template, messages, False)
+    spans = []
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        asked = rendered(tokenizer, template, messages[:k], True)  # up to the role header
+        through = rendered(tokenizer, template, messages[:k + 1], False)
+        if not text.startswith(through) or not through.startswith(asked):
+            raise BadRecord(f"field '{name}': the chat template does not render the "
+                            "conversation turn by turn (its prefixes differ)")
+        if not through[len(asked):].startswith(m["content"]):
+            raise BadRecord(f"field '{name}': message {k}: the chat template changes the "
+                            "assistant's content (trims it?), so its tokens cannot be found")
+        spans.append((len(asked), len(through)))
+    return text, spans
+
+
+def learnt_tokens(tokenizer, text, spans, special):
+    """The ids of `text` and, per id, whether it lies inside one of the character spans."""
+    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    ids, learnt = encoded["input_ids"], []
+    for begin, end in encoded["offset_mapping"]:
+        learnt.append(end > begin and any(a <= begin and end <= b for a, b in spans))
+    return ids, learnt
+
+
+def convert(tokenizer, template, record, a):
+    """(ids, learnt) of one record, by the fields asked for."""
+    if a.text_field:
+        text = text_field(record, a.text_field)
+        ids = tokenizer(text, add_special_tokens=not a.no_special_tokens)["input_ids"]
+        return ids, [True] * len(ids)
+    if a.prompt_field:
+        prompt = text_field(record, a.prompt_field)
+        completion = text_field(record, a.completion_field)
+        first = tokenizer(prompt, add_special_tokens=not a.no_special_tokens)["input_ids"]
+        then = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        if tokenizer.eos_token_id is not None:
+            then = then + [tokenizer.eos_token_id]  # learn to stop
+        return first + then, [False] * len(first) + [True] * len(then)
+    text, spans = conversation(tokenizer, template, record, a.messages_field)
+    # The template writes its own special tokens (a BOS where it wants one).
+    return learnt_tokens(tokenizer, text, spans, False)
+
+
+def pieces(ids, learnt, longest, split):
+    """The record as documents: whole, truncated to `longest`, or cut into pieces of it."""
+    if not longest or len(ids) <= longest:
+        return [(ids, learnt)]
+    if not split:
+        return [(ids[:longest], learnt[:longest])]
+    return [(ids[b:b + longest], learnt[b:b + longest]) for b in range(0, len(ids), longest)]
+
+
+def labels_of(ids, learnt, ignore):
+    """Position j predicts token j + 1 where that token is to be learnt; the last predicts
+    nothing."""
+    return [ids[j + 1] if learnt[j + 1] else ignore for j in range(len(ids) - 1)] + [ignore]
+
+
+def data(a):
+    import h5py
+    import numpy as np
+    import transformers
+    try:
+        import xxhash  # Debian's python3-xxhash; an environment without it writes no checksums
+    except ImportError:
+        xxhash = None
+    started = time.time()
+    kinds = [bool(a.text_field), bool(a.prompt_field or a.completion_field),
+             bool(a.messages_field)]
+    if sum(kinds) != 1:
+        raise Refused("data: give exactly one of --text-field, --prompt-field with "
+                      "--completion-field, or --messages-field")
+    if kinds[1] and not (a.prompt_field and a.completion_field):
+        raise Refused("data: --prompt-field and --completion-field go together")
+    if a.max_length < 0 or (a.split and not a.max_length):
+        raise Refused("data: --max-length must be 0 or more, and --split needs it")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(a.from_folder, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise Refused(f"--from '{a.from_folder}': no tokenizer transformers can load "
+                      f"({str(e).strip().splitlines()[0]})")
+    template = None
+    if a.messages_field:
+        if a.chat_template:
+            try:
+                with open(a.chat_template, encoding="utf-8") as f:
+                    template = f.read()
+            except OSError as e:
+                raise Refused(f"--chat-template '{a.chat_template}': cannot be read ({e})")
+        elif getattr(tokenizer, "chat_template", None):
+            template = tokenizer.chat_template
+        else:
+            raise Refused(f"--from '{a.from_folder}': its tokenizer has no chat template; give "
+                          "one with --chat-template FILE")
+        try:
+            import jinja2  # noqa: F401  (transformers renders chat templates with it)
+        except ImportError:
+            raise Refused("chat data needs jinja2 to render the chat template (Debian's "
+                          "python3-jinja2, which jobs/setup.sh installs)")
+        if not tokenizer.is_fast:
+            raise Refused(f"--from '{a.from_folder}': chat data needs a fast tokenizer "
+                          "(tokenizer.json), for the characters each token covers")
+    ids, labels, lengths = [], [], []
+    bad, first_bad, count, learnt_count, last_said = 0, None, 0, 0, time.time()
+    for number, record in records(a.input):
+        try:
+            if isinstance(record, BadRecord):
+                raise record
+            tokens, learnt = convert(tokenizer, template, record, a)
+        except BadRecord as e:
+            where = f"{a.input}:{number}: {e}"
+            if not a.skip_bad:
+                raise Refused(where + " (--skip-bad skips such records)")
+            bad, first_bad = bad + 1, first_bad or where
+            continue
+        for piece, marks in pieces(tokens, learnt, a.max_length, a.split):
+            if not piece:
+                continue
+            ids.extend(piece)
+            labels.extend(labels_of(piece, marks, a.ignore_index))
+            lengths.append(len(piece))
+            learnt_count += sum(marks[1:])
+        count += 1
+        if time.time() - last_said > 5:
+            print(f"data: {count} records, {len(ids)} tokens, "
+                  f"{count / (time.time() - started):.0f} records/s", file=sys.stderr, flush=True)
+            last_said = time.time()
+    if not lengths:
+        raise Refused(f"--input '{a.input}': no record converted" +
+                      (f" ({bad} bad, the first: {first_bad})" if bad else ""))
+    vocab = len(tokenizer)
+    tokens = np.asarray(ids, dtype=np.uint16 if vocab <= 65536 else np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    label_array = np.asarray(labels, dtype=np.int64)
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    fd, tmp = tempfile.mkstemp(prefix=".hf-data-", suffix=".h5", dir=out_dir)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, values in (("tokens", tokens), ("offsets", offsets),
+                                 (a.labels_name, label_array)):
+                f[name] = values
+                if xxhash:
+                    f[name].attrs["checksum"] = "xxh3-64:" + xxhash.xxh3_64_hexdigest(
+                        values.tobytes())
+            f.attrs["num_classes"] = np.int64(vocab)
+            f.attrs["tokens"] = f"tokenizer of {os.path.abspath(a.from_folder)}"
+            f.attrs["source"] = os.path.abspath(a.input)
+        os.replace(tmp, a.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {a.out}: {len(lengths)} documents from {count} records, {len(ids)} tokens, "
+          f"{learnt_count} to learn (the rest labelled {a.ignore_index}); train with --targets "
+          f"{a.labels_name}" + (f"; {bad} bad records skipped, the first: {first_bad}"
+                                if bad else "")
+          + ("" if xxhash else "; no checksums (this Python has no xxhash)")
+          + f"; {time.time() - started:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
 # Tiny models (random weights, nothing downloaded)
 
 
@@ -597,11 +839,40 @@ def main():
                    help="split longer documents into pieces of this many tokens (0: keep)")
     k.add_argument("--no-special-tokens", action="store_true",
                    help="do not add the tokenizer's special tokens (a Llama tokenizer's BOS)")
+    d = sub.add_parser("data", help="JSONL records (text, prompt and completion, or chat "
+                       "messages) -> document data with per-token labels")
+    d.add_argument("--from", dest="from_folder", required=True, metavar="FOLDER",
+                   help="the folder whose tokenizer (and chat template) to use")
+    d.add_argument("--input", required=True, metavar="FILE", help="JSONL, one object a line "
+                   "(.jsonl, or .jsonl.gz)")
+    d.add_argument("--out", required=True, metavar="DOCS.h5")
+    d.add_argument("--text-field", metavar="NAME", help="documents: the loss on every next token")
+    d.add_argument("--prompt-field", metavar="NAME")
+    d.add_argument("--completion-field", metavar="NAME",
+                   help="with --prompt-field: the loss on the completion (and EOS) only")
+    d.add_argument("--messages-field", metavar="NAME",
+                   help="chat: a list of {role, content}, rendered by the chat template; the "
+                        "loss on the assistant turns only")
+    d.add_argument("--chat-template", metavar="FILE",
+                   help="a Jinja chat template, for a folder without one (or instead of it)")
+    d.add_argument("--max-length", type=int, default=0,
+                   help="truncate longer records to this many tokens (0: keep)")
+    d.add_argument("--split", action="store_true",
+                   help="with --max-length: cut longer records into pieces instead")
+    d.add_argument("--skip-bad", action="store_true",
+                   help="skip records that do not convert, and count them")
+    d.add_argument("--ignore-index", type=int, default=-100,
+                   help="the label of positions that predict nothing to learn")
+    d.add_argument("--labels-name", default="labels",
+                   help="the labels dataset (train with --targets NAME)")
+    d.add_argument("--no-special-tokens", action="store_true",
+                   help="text and prompts: do not add the tokenizer's special tokens")
     a = parser.parse_args()
     need_transformers()
     quiet()
     try:
-        {"export": export, "import": import_, "tiny": tiny, "tokenize": tokenize}[a.command](a)
+        {"export": export, "import": import_, "tiny": tiny, "tokenize": tokenize,
+         "data": data}[a.command](a)
     except Refused as r:
         die(str(r))
 

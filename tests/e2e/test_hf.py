@@ -13,6 +13,7 @@ over the batch's counted tokens (or documents) and divided by the count, one SGD
 1e-5 of the update (fp32 sums in another order); padding counted or a micro-batch lost lies 1e-2
 or more away."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -110,6 +111,77 @@ def update_distance(checkpoint, model, initial):
         diff += float(np.sum((mine - ref) ** 2))
         moved += float(np.sum((ref - initial[name]) ** 2))
     return (diff / moved) ** 0.5
+
+
+CHAT_WORDS = ("the model learns from answers only while prompts count for nothing at all "
+              "since every global batch averages over its counted tokens exactly").split()
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] "
+                 "%}{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+                 "<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def chat(rng):
+    """A conversation: an optional system message, then one to three user/assistant turns of
+    random words."""
+    say = lambda: " ".join(rng.choice(CHAT_WORDS, rng.integers(1, 8)))
+    messages = [{"role": "system", "content": say()}] if rng.random() < 0.5 else []
+    for _ in range(rng.integers(1, 4)):
+        messages += [{"role": "user", "content": say()}, {"role": "assistant", "content": say()}]
+    return messages
+
+
+def answer_labels(tokenizer, template, messages):
+    """(ids, labels) found without hf.py: the text transformers renders, each assistant
+    content located in it with its end-of-turn marker, the tokens whose characters lie inside
+    those spans; each position labelled with the next token where that one is learnt."""
+    with open(template) as f:
+        text = tokenizer.apply_chat_template(messages, chat_template=f.read(), tokenize=False)
+    spans, at = [], 0
+    for m in messages:
+        at = text.index(f"<|{m['role']}|>\n{m['content']}<|end|>\n", at)
+        start = at + len(f"<|{m['role']}|>\n")
+        at = start + len(m["content"]) + len("<|end|>\n")
+        if m["role"] == "assistant":
+            spans.append((start, at))
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(encoded["input_ids"], dtype=np.int64)
+    learnt = [e > b and any(s <= b and e <= t for s, t in spans)
+              for b, e in encoded["offset_mapping"]]
+    labels = np.full(len(ids), -100, dtype=np.int64)
+    for j in range(len(ids) - 1):
+        if learnt[j + 1]:
+            labels[j] = ids[j + 1]
+    return ids, labels
+
+
+def answers_reference(folder, docs, labels, steps, per_micro_batch):
+    """transformers' eager model, SGD: each global batch's loss summed over its learnt labels and
+    divided by their count (per_micro_batch None), or, as Trainer did before
+    num_items_in_batch, the mean of each micro-batch of `per_micro_batch` documents averaged
+    over the micro-batches."""
+    model = load(folder, "causal-lm")
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        opt.zero_grad()
+        batch = range(step * BATCH, (step + 1) * BATCH)
+        groups = [list(batch)] if per_micro_batch is None else [
+            list(batch)[g:g + per_micro_batch] for g in range(0, BATCH, per_micro_batch)]
+        loss = 0.0
+        for group in groups:
+            total, count = 0.0, 0
+            for i in group:
+                logits = model(input_ids=torch.from_numpy(docs[i]).view(1, -1),
+                               return_dict=False)[0][0]
+                target = torch.from_numpy(labels[i])
+                total = total + F.cross_entropy(logits, target, ignore_index=-100,
+                                                reduction="sum")
+                count += int((target != -100).sum())
+            loss = loss + total / count / len(groups)
+        loss.backward()
+        opt.step()
+    return model
 
 
 class HuggingFace(TempDirTest):
@@ -316,6 +388,135 @@ class HuggingFace(TempDirTest):
         back = transformers.AutoTokenizer.from_pretrained(out)
         for text in texts[:4]:
             self.assertEqual(back(text)["input_ids"], tokenizer(text)["input_ids"])
+
+    def chat_model(self):
+        """A tiny GPT-2 with a byte-level BPE tokenizer learnt from chat-like text, and a chat
+        template file (the tiny folder has none) that refuses roles it does not know."""
+        corpus = self.path("chat-bytes.h5")
+        texts = [" ".join(CHAT_WORDS[i:] + CHAT_WORDS[:i]) + "\n" for i in range(len(CHAT_WORDS))]
+        raw = [np.frombuffer((t * 4).encode(), dtype=np.uint8) for t in texts]
+        with h5py.File(corpus, "w") as f:
+            f["tokens"] = np.concatenate(raw)
+            f["offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in raw])]).astype(
+                np.int64)
+        folder = self.path("gpt2-chat")
+        hf("tiny", "--arch", "gpt2", "--out", folder, "--vocab", 300, "--context", 256,
+           "--width", 32, "--heads", 4, "--layers", 2, "--tokenizer-from", corpus,
+           "--dropout", 0, "--seed", 2)
+        template = self.path("chat.jinja")
+        with open(template, "w") as f:
+            f.write(CHAT_TEMPLATE)
+        return folder, template
+
+    def test_chat_records_learn_the_answers_only_exactly_at_two_and_three_ranks(self):
+        """hf.py data renders each conversation with the chat template and labels only the
+        assistant turns (content and end-of-turn marker); the test finds those tokens itself
+        (the rendered text's character spans, the tokenizer's offsets) and gets the same
+        tokens and labels. autoaccum's update at world 2 and 3, several micro-batches per rank
+        under an automatic token budget, equals transformers' eager model on each global
+        batch's mean over the answers' tokens; averaging per micro-batch (what Trainer did
+        before num_items_in_batch) gives a visibly different update."""
+        folder, template = self.chat_model()
+        rng = np.random.default_rng(11)
+        conversations = [chat(rng) for _ in range(3 * BATCH)]
+        jsonl = self.path("chat.jsonl")
+        with open(jsonl, "w") as f:
+            for messages in conversations:
+                f.write(json.dumps({"id": len(messages), "messages": messages}) + "\n")
+        out = self.path("chat.h5")
+        r = hf("data", "--from", folder, "--input", jsonl, "--out", out, "--messages-field",
+               "messages", "--chat-template", template)
+        self.assertIn(f"{len(conversations)} documents", r.stdout)
+        self.assertIn("train with --targets labels", r.stdout)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        docs, labels = [], []
+        with h5py.File(out, "r") as f:
+            ids, offsets, written = f["tokens"][:], f["offsets"][:], f["labels"][:]
+            self.assertEqual(int(f.attrs["num_classes"]), len(tokenizer))
+        self.assertEqual(len(offsets), len(conversations) + 1)
+        for i, messages in enumerate(conversations):
+            want_ids, want_labels = answer_labels(tokenizer, template, messages)
+            got = ids[offsets[i]:offsets[i + 1]].astype(np.int64)
+            np.testing.assert_array_equal(got, want_ids, err_msg=f"conversation {i}")
+            np.testing.assert_array_equal(written[offsets[i]:offsets[i + 1]], want_labels,
+                                          err_msg=f"conversation {i}")
+            self.assertGreater(int(np.sum(want_labels != -100)), 0)
+            self.assertGreater(int(np.sum(want_labels == -100)), 1)
+            docs.append(got)
+            labels.append(want_labels)
+        if importlib.util.find_spec("xxhash"):  # Debian's python3-xxhash (not the CUDA platform's)
+            import xxhash
+            with h5py.File(out, "r") as f:
+                for name in ("tokens", "offsets", "labels"):
+                    self.assertEqual(f[name].attrs["checksum"], "xxh3-64:" +
+                                     xxhash.xxh3_64_hexdigest(f[name][()].tobytes()), name)
+        exported = folder + ".pt"
+        hf("export", "--from", folder, "--out", exported)
+        model = load(folder, "causal-lm")
+        initial = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+        exact = answers_reference(folder, docs, labels, 3, per_micro_batch=None)
+        averaged = answers_reference(folder, docs, labels, 3, per_micro_batch=4)
+        for ranks in (2, 3):
+            with self.subTest(ranks=ranks):
+                _, log, checkpoint = self.train(f"chat-{ranks}", exported, "--targets", "labels",
+                                                data=out, ranks=ranks, limit="6MiB")
+                self.assert_micro_batched(log)
+                self.assertLess(update_distance(checkpoint, exact, initial), EXACT)
+                self.assertGreater(update_distance(checkpoint, averaged, initial), 100 * EXACT,
+                                   "averaging per micro-batch would have given the same")
+
+    def test_bad_records_are_one_line_and_nothing_is_written(self):
+        folder, template = self.chat_model()
+        good = {"messages": [{"role": "user", "content": "hello there"},
+                             {"role": "assistant", "content": "general kenobi"}],
+                "prompt": "say", "completion": "something"}
+        bad = [("{not json", "not JSON"),
+               (json.dumps({"other": 1}), "field 'messages' is missing"),
+               (json.dumps({"messages": []}), "an empty conversation"),
+               (json.dumps({"messages": [{"role": "wizard", "content": "hi"},
+                                         {"role": "assistant", "content": "ok"}]}),
+                "unknown role wizard"),
+               (json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
+                "no assistant turn"),
+               (json.dumps({"messages": [{"role": "user", "content": 3}]}),
+                "message 0 is not {role, content} strings")]
+        out = self.path("bad.h5")
+        for k, (line, said) in enumerate(bad):
+            path = self.path(f"bad-{k}.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps(good) + "\n" + line + "\n" + json.dumps(good) + "\n")
+            r = hf("data", "--from", folder, "--input", path, "--out", out, "--messages-field",
+                   "messages", "--chat-template", template, expect=1)
+            errors = [l for l in r.stderr.splitlines() if l.strip()]
+            self.assertEqual(len(errors), 1, r.stderr)
+            self.assertIn(f"{path}:2: ", errors[0])
+            self.assertIn(said, errors[0])
+            self.assertFalse(os.path.exists(out), "nothing written")
+        # --skip-bad: every bad line at once, counted and skipped; the good records convert.
+        path = self.path("bad-all.jsonl")
+        with open(path, "w") as f:
+            f.write("".join(json.dumps(good) + "\n" + line + "\n" for line, _ in bad))
+        r = hf("data", "--from", folder, "--input", path, "--out", out, "--messages-field",
+               "messages", "--chat-template", template, "--skip-bad")
+        self.assertIn(f"{len(bad)} documents from {len(bad)} records", r.stdout)
+        self.assertIn(f"{len(bad)} bad records skipped, the first: {path}:2:", r.stdout)
+        # Prompt and completion: the loss on the completion and EOS only.
+        r = hf("data", "--from", folder, "--input", path, "--out", self.path("pc.h5"),
+               "--prompt-field", "prompt", "--completion-field", "completion", "--skip-bad")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        prompt = tokenizer("say")["input_ids"]
+        then = tokenizer("something", add_special_tokens=False)["input_ids"] + [
+            tokenizer.eos_token_id]
+        with h5py.File(self.path("pc.h5"), "r") as f:
+            n = len(prompt) + len(then)
+            np.testing.assert_array_equal(f["tokens"][:n], prompt + then)
+            np.testing.assert_array_equal(
+                f["labels"][:n], [-100] * (len(prompt) - 1) + then + [-100])
+        # No chat template anywhere: one line.
+        r = hf("data", "--from", folder, "--input", path, "--out", out, "--messages-field",
+               "messages", expect=1)
+        self.assertIn("its tokenizer has no chat template; give one with --chat-template",
+                      r.stderr)
 
     @one_core
     def test_a_forward_that_branches_on_its_length_is_refused_after_tracing(self):
