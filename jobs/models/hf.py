@@ -649,6 +649,8 @@ def data(a):
         raise Refused("data: --prompt-field and --completion-field go together")
     if a.max_length < 0 or (a.split and not a.max_length):
         raise Refused("data: --max-length must be 0 or more, and --split needs it")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        raise Refused(f"--out '{a.out}': its folder does not exist")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(a.from_folder, local_files_only=True)
     except (OSError, ValueError) as e:

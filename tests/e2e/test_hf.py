@@ -512,6 +512,10 @@ class HuggingFace(TempDirTest):
             np.testing.assert_array_equal(f["tokens"][:n], prompt + then)
             np.testing.assert_array_equal(
                 f["labels"][:n], [-100] * (len(prompt) - 1) + then + [-100])
+        # An --out whose folder does not exist: one line, before anything is read.
+        r = hf("data", "--from", folder, "--input", path, "--out", self.path("no/such.h5"),
+               "--text-field", "prompt", expect=1)
+        self.assertIn("its folder does not exist", r.stderr)
         # No chat template anywhere: one line.
         r = hf("data", "--from", folder, "--input", path, "--out", out, "--messages-field",
                "messages", expect=1)
