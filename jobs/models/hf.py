@@ -39,6 +39,7 @@ transformers comes from the cached environment jobs/models/hf-env.sh installs (p
 script re-runs itself there when the Python that started it has no transformers.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -447,16 +448,37 @@ def import_(a):
 # Tokenize
 
 
+def folder_tokenizer(folder):
+    import transformers
+    try:
+        return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise Refused(f"--from '{folder}': no tokenizer transformers can load "
+                      f"({str(e).strip().splitlines()[0]})")
+
+
+@contextlib.contextmanager
+def written_atomically(out):
+    """An HDF5 file to fill, written under a temporary name beside `out` and renamed to it only
+    when complete: a failure leaves `out` as it was."""
+    import h5py
+    fd, tmp = tempfile.mkstemp(prefix=".hf-", suffix=".h5",
+                               dir=os.path.dirname(os.path.abspath(out)))
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            yield f
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def tokenize(a):
     import h5py
     import numpy as np
-    import transformers
     started = time.time()
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(a.from_folder, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise Refused(f"--from '{a.from_folder}': no tokenizer transformers can load "
-                      f"({str(e).strip().splitlines()[0]})")
+    tokenizer = folder_tokenizer(a.from_folder)
     if not os.path.exists(a.documents):
         raise Refused(f"--documents '{a.documents}': no such file")
     try:
@@ -481,20 +503,12 @@ def tokenize(a):
             lengths.append(len(chunk))
     vocab = len(tokenizer)
     dtype = np.uint16 if vocab <= 65536 else np.int32
-    out_dir = os.path.dirname(os.path.abspath(a.out))
-    fd, tmp = tempfile.mkstemp(prefix=".hf-tokens-", suffix=".h5", dir=out_dir)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f["tokens"] = np.asarray(ids, dtype=dtype)
-            f["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            f.attrs["num_classes"] = np.int64(vocab)
-            f.attrs["tokens"] = f"tokenizer of {os.path.abspath(a.from_folder)}"
-            f.attrs["source"] = os.path.abspath(a.documents)
-        os.replace(tmp, a.out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with written_atomically(a.out) as f:
+        f["tokens"] = np.asarray(ids, dtype=dtype)
+        f["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        f.attrs["num_classes"] = np.int64(vocab)
+        f.attrs["tokens"] = f"tokenizer of {os.path.abspath(a.from_folder)}"
+        f.attrs["source"] = os.path.abspath(a.documents)
     lengths = np.asarray(lengths)
     print(f"wrote {a.out}: {len(lengths)} documents, {int(lengths.sum())} tokens of a vocabulary "
           f"of {vocab}; length min {lengths.min()}, p50 {int(np.median(lengths))}, max "
@@ -632,9 +646,7 @@ def labels_of(ids, learnt, ignore):
 
 
 def data(a):
-    import h5py
     import numpy as np
-    import transformers
     try:
         import xxhash  # Debian's python3-xxhash; an environment without it writes no checksums
     except ImportError:
@@ -651,11 +663,7 @@ def data(a):
         raise Refused("data: --max-length must be 0 or more, and --split needs it")
     if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         raise Refused(f"--out '{a.out}': its folder does not exist")
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(a.from_folder, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise Refused(f"--from '{a.from_folder}': no tokenizer transformers can load "
-                      f"({str(e).strip().splitlines()[0]})")
+    tokenizer = folder_tokenizer(a.from_folder)
     template = None
     if a.messages_field:
         if a.chat_template:
@@ -709,24 +717,16 @@ def data(a):
     tokens = np.asarray(ids, dtype=np.uint16 if vocab <= 65536 else np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     label_array = np.asarray(labels, dtype=np.int64)
-    out_dir = os.path.dirname(os.path.abspath(a.out))
-    fd, tmp = tempfile.mkstemp(prefix=".hf-data-", suffix=".h5", dir=out_dir)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, values in (("tokens", tokens), ("offsets", offsets),
-                                 (a.labels_name, label_array)):
-                f[name] = values
-                if xxhash:
-                    f[name].attrs["checksum"] = "xxh3-64:" + xxhash.xxh3_64_hexdigest(
-                        values.tobytes())
-            f.attrs["num_classes"] = np.int64(vocab)
-            f.attrs["tokens"] = f"tokenizer of {os.path.abspath(a.from_folder)}"
-            f.attrs["source"] = os.path.abspath(a.input)
-        os.replace(tmp, a.out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with written_atomically(a.out) as f:
+        for name, values in (("tokens", tokens), ("offsets", offsets),
+                             (a.labels_name, label_array)):
+            f[name] = values
+            if xxhash:
+                f[name].attrs["checksum"] = "xxh3-64:" + xxhash.xxh3_64_hexdigest(
+                    values.tobytes())
+        f.attrs["num_classes"] = np.int64(vocab)
+        f.attrs["tokens"] = f"tokenizer of {os.path.abspath(a.from_folder)}"
+        f.attrs["source"] = os.path.abspath(a.input)
     print(f"wrote {a.out}: {len(lengths)} documents from {count} records, {len(ids)} tokens, "
           f"{learnt_count} to learn (the rest labelled {a.ignore_index}); train with --targets "
           f"{a.labels_name}" + (f"; {bad} bad records skipped, the first: {first_bad}"

@@ -68,6 +68,15 @@ def write_documents(path, docs, labels=None):
     return path
 
 
+def write_byte_documents(path, texts):
+    """A document file of bytes (as `autoaccum import text --documents` writes), one per text."""
+    raw = [np.frombuffer(t.encode(), dtype=np.uint8) for t in texts]
+    with h5py.File(path, "w") as f:
+        f["tokens"] = np.concatenate(raw)
+        f["offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in raw])]).astype(np.int64)
+    return path
+
+
 def load(folder, task):
     cls = (transformers.AutoModelForCausalLM if task == "causal-lm"
            else transformers.AutoModelForSequenceClassification)
@@ -358,11 +367,7 @@ class HuggingFace(TempDirTest):
         texts = ["Hello, world.\n", "A longer document about training, checkpoints and "
                  "micro-batches.\n", "ok\n", "Zwei Wörter: ünïcode too.\n"] * 6
         raw = [np.frombuffer(t.encode(), dtype=np.uint8) for t in texts]
-        corpus = self.path("bytes.h5")
-        with h5py.File(corpus, "w") as f:
-            f["tokens"] = np.concatenate(raw)
-            f["offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in raw])]).astype(
-                np.int64)
+        corpus = write_byte_documents(self.path("bytes.h5"), texts)
         folder = self.path("gpt2-bpe")
         hf("tiny", "--arch", "gpt2", "--out", folder, "--vocab", 300, "--context", 64,
            "--width", 32, "--heads", 4, "--tokenizer-from", corpus, "--dropout", 0)
@@ -392,13 +397,8 @@ class HuggingFace(TempDirTest):
     def chat_model(self):
         """A tiny GPT-2 with a byte-level BPE tokenizer learnt from chat-like text, and a chat
         template file (the tiny folder has none) that refuses roles it does not know."""
-        corpus = self.path("chat-bytes.h5")
         texts = [" ".join(CHAT_WORDS[i:] + CHAT_WORDS[:i]) + "\n" for i in range(len(CHAT_WORDS))]
-        raw = [np.frombuffer((t * 4).encode(), dtype=np.uint8) for t in texts]
-        with h5py.File(corpus, "w") as f:
-            f["tokens"] = np.concatenate(raw)
-            f["offsets"] = np.concatenate([[0], np.cumsum([len(r) for r in raw])]).astype(
-                np.int64)
+        corpus = write_byte_documents(self.path("chat-bytes.h5"), [t * 4 for t in texts])
         folder = self.path("gpt2-chat")
         hf("tiny", "--arch", "gpt2", "--out", folder, "--vocab", 300, "--context", 256,
            "--width", 32, "--heads", 4, "--layers", 2, "--tokenizer-from", corpus,

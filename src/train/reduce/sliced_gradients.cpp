@@ -10,7 +10,6 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_set>
 
 #include "autoaccum/core/error.hpp"
 #include "autoaccum/train/reduce/bucketed_reduce.hpp"
@@ -221,21 +220,12 @@ class SlicedGradientReduce final : public Reducer {
     if (s.rounds < 0) throw std::logic_error("--shard gradients: backward before the count");
     // The parameters `loss` does not reach arrive at once (zeros), so that they do not hold
     // back the buckets after theirs (as BucketedReduce::arm).
-    std::unordered_set<const torch::autograd::Node*> seen;
-    std::vector<const torch::autograd::Node*> stack;
-    if (const auto root = loss.grad_fn()) stack.push_back(root.get());
-    while (!stack.empty()) {
-      const torch::autograd::Node* node = stack.back();
-      stack.pop_back();
-      if (!seen.insert(node).second) continue;
-      for (const auto& edge : node->next_edges())
-        if (edge.function) stack.push_back(edge.function.get());
-    }
+    const std::vector<char> used = reached(loss, s.accumulators);
     const std::lock_guard<std::mutex> lock(s.mutex);
     s.started = true;
     s.in_backward = true;
     for (std::size_t i = 0; i < s.accumulators.size(); ++i)
-      if (!seen.count(s.accumulators[i].get())) s.arrive(i);
+      if (!used[i]) s.arrive(i);
   }
   void after_backward() override {
     Slices& s = *s_;

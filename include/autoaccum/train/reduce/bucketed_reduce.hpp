@@ -12,6 +12,10 @@
 
 #include "autoaccum/comm/communicator.hpp"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace autoaccum::train {
 
 // A bucket: a contiguous range of the gradient region holding whole parameters' gradients.
@@ -24,6 +28,12 @@ struct Bucket {
 // How a timeout names the all-reduce of the step's control values on `comm` (after the buckets,
 // or after a sharded step's reduce-scatter).
 std::string control_values_label(const comm::Communicator& comm);
+
+// Which of `nodes` (parameters' gradient accumulators) the backward pass from `loss` will run: a
+// walk of its graph (what DDP does for find_unused_parameters), a few microseconds per thousand
+// nodes. A parameter whose accumulator is not reached gets no gradient in that pass.
+std::vector<char> reached(const at::Tensor& loss,
+                          const std::vector<std::shared_ptr<torch::autograd::Node>>& nodes);
 
 // Cuts parameters of `sizes` floats, bound one after the other from `offset`, into buckets of at
 // least `bucket_floats` floats each (the last one may be smaller; a parameter larger than a bucket
